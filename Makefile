@@ -1,0 +1,26 @@
+# The README's two commands. Both do all set-up on a fresh machine.
+VENV   ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export OMP_NUM_THREADS ?= 1
+SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+
+.PHONY: demo test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 | { grep -v '^WARNING: Location' || true; }
+	$(PYTHON) -c "import trainpilot, torch; print('trainpilot', trainpilot.__version__, 'torch', torch.__version__)"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/trainpilot demo
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

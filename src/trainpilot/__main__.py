@@ -1,0 +1,3 @@
+from trainpilot.cli.main import run
+
+run()

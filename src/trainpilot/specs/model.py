@@ -1,0 +1,120 @@
+"""ModelSpec, the "what" document: the shape of a decoder-only transformer (dense or MoE)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+from pydantic import NonNegativeInt, PositiveInt
+
+from trainpilot.specs.base import Spec
+from trainpilot.specs.errors import SpecError
+
+
+class MoESpec(Spec):
+    """Mixture-of-experts feed-forward layers (Mixtral, DeepSeek, Qwen MoE)."""
+
+    num_experts: PositiveInt
+    top_k: PositiveInt
+    expert_intermediate_size: PositiveInt
+    num_shared_experts: NonNegativeInt = 0
+    # Width of each shared expert; DeepSeek and Qwen use the routed experts' width.
+    shared_expert_intermediate_size: PositiveInt | None = None
+    # DeepSeek-V3 keeps its first 3 layers dense (`first_k_dense_replace`).
+    first_k_dense_layers: NonNegativeInt = 0
+    # After the dense prefix every `layer_freq`-th layer is MoE (1 = all of them).
+    layer_freq: PositiveInt = 1
+    # Auxiliary load-balancing loss weight (Switch Transformer; Mixtral uses 0.02).
+    aux_loss_coeff: float = pydantic.Field(default=0.01, ge=0)
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> MoESpec:
+        if self.top_k > self.num_experts:
+            raise SpecError("top_k", self.top_k,
+                            f"top_k={self.top_k} exceeds num_experts={self.num_experts}; "
+                            f"valid: 1 <= top_k <= {self.num_experts}")
+        return self
+
+    @property
+    def shared_width(self) -> int:
+        """Total width of the shared experts (0 without them)."""
+        width = self.shared_expert_intermediate_size or self.expert_intermediate_size
+        return self.num_shared_experts * width
+
+
+class MLASpec(Spec):
+    """DeepSeek multi-head latent attention: low-rank compressed queries, keys and values."""
+
+    q_lora_rank: NonNegativeInt = 0  # 0: queries are not compressed (DeepSeek-V2-Lite)
+    kv_lora_rank: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+
+
+class ModelSpec(Spec):
+    """A decoder-only transformer. Sizes are counts; see the README for the defaults."""
+
+    name: str = "custom"
+    num_hidden_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_key_value_heads: PositiveInt | None = None  # default: num_attention_heads (MHA)
+    head_dim: PositiveInt | None = None  # default: hidden_size / num_attention_heads
+    intermediate_size: PositiveInt | None = None  # default: 4 * hidden_size
+    vocab_size: PositiveInt
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    tie_word_embeddings: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    bias: bool = False  # biases on the linear layers (GPT-2/3 style)
+    position_embedding: Literal["rope", "learned"] = "rope"
+    max_position_embeddings: PositiveInt = 131072
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _defaults_and_checks(self) -> ModelSpec:
+        heads = self.num_attention_heads
+        kv = self.num_key_value_heads if self.num_key_value_heads is not None else heads
+        if heads % kv:
+            raise SpecError("num_key_value_heads", kv,
+                            f"does not divide num_attention_heads={heads}; valid: a divisor")
+        if self.head_dim is None and self.hidden_size % heads:
+            raise SpecError("hidden_size", self.hidden_size,
+                            f"not a multiple of num_attention_heads={heads}; "
+                            "valid: a multiple, or set head_dim")
+        if self.moe and self.moe.first_k_dense_layers >= self.num_hidden_layers:
+            raise SpecError("moe.first_k_dense_layers", self.moe.first_k_dense_layers,
+                            f"leaves no MoE layer; valid: < num_hidden_layers="
+                            f"{self.num_hidden_layers}")
+        # Fill the defaults in so a dumped file is explicit and round-trips.
+        object.__setattr__(self, "num_key_value_heads", kv)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // heads)
+        if self.intermediate_size is None:
+            object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
+        return self
+
+    # Derived shape facts used by every layer above.
+    @property
+    def num_layers(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def kv_heads(self) -> int:
+        return int(self.num_key_value_heads)  # filled by the validator
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (0-based) has an MoE feed-forward block."""
+        if self.moe is None:
+            return False
+        k = self.moe.first_k_dense_layers
+        return index >= k and (index - k) % self.moe.layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))

@@ -1,0 +1,103 @@
+"""Plan, the "how" document: the parallel layout, batch, recompute, precision and options."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
+
+from trainpilot.specs.base import Spec
+from trainpilot.specs.errors import SpecError
+
+
+class CommOptions(Spec):
+    """Gradient communication: fusion, overlap, topology and compression."""
+
+    bucket_mb: PositiveFloat = 25.0  # DDP's default fusion threshold
+    overlap: bool = True  # launch gradient buckets during backward
+    hierarchical: bool = False  # intra-node reduce-scatter / inter-node all-reduce / all-gather
+    compression: Literal["none", "fp16", "bf16", "powersgd", "topk"] = "none"
+    topk_density: float = pydantic.Field(default=0.15, gt=0, le=1)
+    powersgd_rank: PositiveInt = 4
+    error_feedback: bool = True
+
+
+class CheckpointPolicy(Spec):
+    """When and how state is saved."""
+
+    interval_steps: PositiveInt = 100
+    async_save: bool = True
+    in_memory_peer: bool = True  # keep a copy in a peer's host memory
+    incremental: bool = False
+    compress: bool = False  # zstd
+    keep_last: PositiveInt = 3
+    keep_every: PositiveInt | None = None
+
+
+class Plan(Spec):
+    """The layout. Devices used = dp * tp * pp * cp; ep splits dp * cp for expert layers."""
+
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt = 1
+    ep: PositiveInt = 1
+    cp: PositiveInt = 1
+    vp: PositiveInt = 1  # interleaved virtual stages per pipeline rank
+    zero: Literal[0, 1, 2, 3] = 1  # 1: distributed optimizer; 3: FSDP full shard
+    dp_shard: PositiveInt | None = None  # HSDP: shard within groups of this many dp ranks
+    micro_batch_size: PositiveInt = 1
+    global_batch_size: PositiveInt  # sequences per optimizer step
+    seq_len: PositiveInt
+    recompute: Literal["none", "selective", "full"] = "none"
+    sequence_parallel: bool = False
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zero_bubble"] | None = None
+    # Uneven pipelines: layers on the first / last stage (Megatron's
+    # --decoder-first/last-pipeline-num-layers); the rest split evenly.
+    pp_first_stage_layers: NonNegativeInt | None = None
+    pp_last_stage_layers: NonNegativeInt | None = None
+    comm: CommOptions = CommOptions()
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> Plan:
+        per_step = self.micro_batch_size * self.dp
+        if self.global_batch_size % per_step:
+            raise SpecError(
+                "global_batch_size", self.global_batch_size,
+                f"not a multiple of micro_batch_size * dp = {self.micro_batch_size} * {self.dp}"
+                f" = {per_step}",
+            )
+        if self.vp > 1 and self.pp == 1:
+            raise SpecError("vp", self.vp, "needs pp > 1; valid: vp=1 when pp=1")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("sequence_parallel", True, "needs tp > 1; valid: false when tp=1")
+        if (self.dp * self.cp) % self.ep:
+            raise SpecError("ep", self.ep, f"does not divide dp * cp = {self.dp * self.cp}; "
+                            "valid: a divisor of dp * cp")
+        if self.dp_shard is not None and (self.zero != 3 or self.dp % self.dp_shard):
+            raise SpecError("dp_shard", self.dp_shard,
+                            f"needs zero=3 and must divide dp={self.dp}")
+        if self.pp_schedule is None:
+            object.__setattr__(self, "pp_schedule", "interleaved" if self.vp > 1 else "1f1b")
+        elif self.pp_schedule == "interleaved" and self.vp == 1 and self.pp > 1:
+            raise SpecError("pp_schedule", "interleaved", "needs vp > 1")
+        for key in ("pp_first_stage_layers", "pp_last_stage_layers"):
+            if getattr(self, key) is not None and self.pp == 1:
+                raise SpecError(key, getattr(self, key), "needs pp > 1")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Devices the plan occupies."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches per pipeline per step (gradient-accumulation steps)."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len

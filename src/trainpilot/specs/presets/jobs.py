@@ -1,0 +1,49 @@
+"""Job presets: a model, a cluster and a plan that were run (or are typical) at that scale."""
+
+from __future__ import annotations
+
+from typing import Any
+
+JOBS: dict[str, dict[str, Any]] = {
+    # GPT-3 175B on 1,024 A100 80GB with Megatron-LM's 3-D layout (Narayanan et al. 2021 used
+    # TP=8 and PP=8-16 for this size); 300B training tokens as in Brown et al. 2020.
+    "gpt3-175b-a100-1024": dict(
+        name="gpt3-175b-a100-1024", model="gpt3-175b", cluster="a100-80gb-x1024",
+        plan=dict(tp=8, pp=16, dp=8, zero=1, micro_batch_size=1, global_batch_size=1536,
+                  seq_len=2048, recompute="full", precision="bf16"),
+        total_tokens=300_000_000_000,
+    ),
+    # Llama 3 405B pre-training (Llama 3 report, sec. 3.3 and Table 4): TP=8, PP=16, DP=128 on
+    # 16,384 H100, 8,192-token sequences, 16M tokens per batch; 126 layers with one fewer layer
+    # on the first and last stage; 15.6T tokens.
+    "llama3-405b-h100-16384": dict(
+        name="llama3-405b-h100-16384", model="llama3-405b", cluster="h100-sxm-x16384",
+        plan=dict(tp=8, pp=16, dp=128, zero=1, micro_batch_size=1, global_batch_size=2048,
+                  seq_len=8192, recompute="none", precision="bf16",
+                  pp_first_stage_layers=7, pp_last_stage_layers=7),
+        total_tokens=15_600_000_000_000,
+    ),
+    # DeepSeek-V3 (report sec. 3.2): PP=16, EP=64 across 8 nodes, ZeRO-1 DP, no TP, on 2,048
+    # H800; 4K sequences; 14.8T tokens. The final batch size was 15,360 sequences.
+    "deepseek-v3-h800-2048": dict(
+        name="deepseek-v3-h800-2048", model="deepseek-v3", cluster="h800-x2048",
+        plan=dict(tp=1, pp=16, dp=128, ep=64, zero=1, micro_batch_size=1,
+                  global_batch_size=15360, seq_len=4096, recompute="selective",
+                  precision="fp8", pp_first_stage_layers=3, pp_last_stage_layers=2),
+        total_tokens=14_800_000_000_000,
+    ),
+    # Llama 3 8B on one DGX H100 node with FSDP (zero 3), an everyday fine-tuning layout.
+    "llama3-8b-h100-8": dict(
+        name="llama3-8b-h100-8", model="llama3-8b", cluster="h100-sxm-x8",
+        plan=dict(tp=1, pp=1, dp=8, zero=3, micro_batch_size=1, global_batch_size=64,
+                  seq_len=8192, recompute="selective", precision="bf16"),
+        total_tokens=1_000_000_000,
+    ),
+    # The tiny model on two CPU processes: what `trainpilot demo` trains.
+    "tiny-gpt-cpu-2": dict(
+        name="tiny-gpt-cpu-2", model="tiny-gpt", cluster="cpu-x2",
+        plan=dict(dp=2, zero=0, micro_batch_size=8, global_batch_size=16, seq_len=64,
+                  recompute="none", precision="bf16"),
+        total_tokens=1_000_000,
+    ),
+}

@@ -1,0 +1,87 @@
+"""Model presets. Each cites where its numbers come from; families derive from one base."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# GPT-3 style (Brown et al. 2020; Megatron-LM pads the GPT-2 vocabulary to 51,200): learned
+# positions, LayerNorm, biased linears, GELU MLP of width 4h.
+_GPT = dict(
+    activation="gelu", norm="layernorm", bias=True, position_embedding="learned",
+    max_position_embeddings=2048, vocab_size=51200, tie_word_embeddings=False,
+)
+
+# Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, Table 3, and the released config.json):
+# RoPE, RMSNorm, SwiGLU, GQA with 8 key-value heads, 128,256-token vocabulary.
+_LLAMA3 = dict(
+    activation="swiglu", norm="rmsnorm", bias=False, position_embedding="rope",
+    vocab_size=128256, num_key_value_heads=8, tie_word_embeddings=False,
+    max_position_embeddings=131072,
+)
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    return dict(_GPT, name=name, num_hidden_layers=layers, hidden_size=hidden,
+                num_attention_heads=heads, intermediate_size=4 * hidden)
+
+
+MODELS: dict[str, dict[str, Any]] = {
+    # meta-llama/Meta-Llama-3-8B config.json
+    "llama3-8b": dict(_LLAMA3, name="llama3-8b", num_hidden_layers=32, hidden_size=4096,
+                      num_attention_heads=32, intermediate_size=14336),
+    # meta-llama/Meta-Llama-3-70B config.json
+    "llama3-70b": dict(_LLAMA3, name="llama3-70b", num_hidden_layers=80, hidden_size=8192,
+                       num_attention_heads=64, intermediate_size=28672),
+    # meta-llama/Llama-3.1-405B config.json; Llama 3 report Table 3
+    "llama3-405b": dict(_LLAMA3, name="llama3-405b", num_hidden_layers=126, hidden_size=16384,
+                        num_attention_heads=128, intermediate_size=53248),
+    # Brown et al. 2020, Table 2.1 (GPT-3 175B: 96 layers, d_model 12,288, 96 heads)
+    "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96),
+    # Korthikanti et al. 2022 ("Reducing Activation Recomputation"), Table 3
+    "megatron-22b": _gpt("megatron-22b", 48, 6144, 64),
+    "megatron-530b": _gpt("megatron-530b", 105, 20480, 128),
+    "megatron-1t": _gpt("megatron-1t", 128, 25600, 160),
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 8 experts, 2 active, expert width 14,336
+    "mixtral-8x7b": dict(
+        name="mixtral-8x7b", num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=14336, vocab_size=32000, activation="swiglu",
+        norm="rmsnorm", position_embedding="rope", max_position_embeddings=32768,
+        moe=dict(num_experts=8, top_k=2, expert_intermediate_size=14336, aux_loss_coeff=0.02),
+    ),
+    # deepseek-ai/DeepSeek-V3 config.json and the DeepSeek-V3 report (arXiv 2412.19437):
+    # 61 layers, first 3 dense (width 18,432), 256 routed experts of width 2,048, 8 active,
+    # 1 shared expert. Multi-head latent attention is modelled exactly by its projections
+    # (q_lora_rank 1536, kv_lora_rank 512, qk head dim 128 + 64 RoPE, v head dim 128); the
+    # multi-token-prediction module (14B) is left out, as in the report's 671B count.
+    "deepseek-v3": dict(
+        name="deepseek-v3", num_hidden_layers=61, hidden_size=7168, num_attention_heads=128,
+        num_key_value_heads=128, head_dim=128, intermediate_size=18432, vocab_size=129280,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        max_position_embeddings=163840,
+        moe=dict(num_experts=256, top_k=8, expert_intermediate_size=2048, num_shared_experts=1,
+                 first_k_dense_layers=3, aux_loss_coeff=0.0001),
+        mla=dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                 v_head_dim=128),
+    ),
+    # Qwen/Qwen3-30B-A3B config.json: 128 experts of width 768, 8 active, head_dim 128
+    "qwen3-30b-a3b": dict(
+        name="qwen3-30b-a3b", num_hidden_layers=48, hidden_size=2048, num_attention_heads=32,
+        num_key_value_heads=4, head_dim=128, intermediate_size=6144, vocab_size=151936,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        max_position_embeddings=40960,
+        moe=dict(num_experts=128, top_k=8, expert_intermediate_size=768, aux_loss_coeff=0.001),
+    ),
+    # Test-sized models (ours): train in seconds on one CPU core.
+    "tiny-gpt": dict(
+        name="tiny-gpt", num_hidden_layers=4, hidden_size=128, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=384, vocab_size=256, activation="swiglu",
+        norm="rmsnorm", position_embedding="rope", max_position_embeddings=1024,
+    ),
+    "tiny-moe": dict(
+        name="tiny-moe", num_hidden_layers=4, hidden_size=128, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=384, vocab_size=256, activation="swiglu",
+        norm="rmsnorm", position_embedding="rope", max_position_embeddings=1024,
+        moe=dict(num_experts=4, top_k=2, expert_intermediate_size=192, num_shared_experts=1,
+                 first_k_dense_layers=1),
+    ),
+}
