@@ -20,6 +20,7 @@ demo: setup
 	$(VENV)/bin/trainpilot demo
 
 test: setup
+	bash scripts/install_browser.sh
 	$(PYTHON) -m pytest -q
 
 clean:

@@ -14,17 +14,23 @@ from tests.conftest import run_cli
 SURFACE = Path(__file__).parent / "data" / "cli_surface.txt"
 
 
+def _walk(parser: argparse.ArgumentParser, prefix: str, lines: list[str]) -> None:
+    """One line per (sub-)command with its sorted flags, recursing into sub-commands."""
+    flags = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in sorted(action.choices.items()):
+                _walk(child, f"{prefix} {name}".strip(), lines)
+            continue
+        flags.append("/".join(action.option_strings or [action.dest]))
+    if prefix:
+        lines.append(f"{prefix}: {' '.join(sorted(flags))}")
+
+
 def surface() -> str:
-    parser = build_parser()
-    lines = []
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for verb, verb_parser in sorted(sub.choices.items()):
-        flags = []
-        for action in verb_parser._actions:
-            names = action.option_strings or [action.dest]
-            flags.append("/".join(names))
-        lines.append(f"{verb}: {' '.join(sorted(flags))}")
-    return "\n".join(lines) + "\n"
+    lines: list[str] = []
+    _walk(build_parser(), "", lines)
+    return "\n".join(sorted(lines)) + "\n"
 
 
 def test_cli_surface_is_frozen():

@@ -16,6 +16,15 @@ VERBS = [
     "demo",
     "presets",
     "show",
+    "simulate",
+    "diagnose",
+    "monitor",
+    "train",
+    "dashboard",
+    "report",
+    "predict",
+    "plan",
+    "validate",
 ]
 
 DESCRIPTION = """\

@@ -1,0 +1,114 @@
+"""``trainpilot plan``: search every layout, rank by predicted tokens/s, export the best."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainpilot.cli.common import (
+    EXIT_FAILURE,
+    add_doc_args,
+    add_json_arg,
+    add_verb,
+    console,
+    print_json,
+)
+
+
+def register(subparsers) -> None:
+    parser = add_verb(
+        subparsers, "plan", help="find the fastest layouts that fit, and export one",
+        description="Enumerate every valid (tp, pp, vp, dp, ep, cp, ZeRO, micro-batch, "
+                    "recompute, sequence parallel) layout of the model on the whole cluster, "
+                    "including uneven first/last pipeline stages; prune by memory and by a "
+                    "lower bound on step time; rank the plans that fit (with headroom) by "
+                    "predicted tokens/s; say why the best beats the runner-up. When nothing "
+                    "fits, print the smallest memory shortfall and what would help, exit 1.",
+        examples="  trainpilot plan --model gpt3-175b --cluster a100-80gb-x1024 "
+                 "--global-batch-size 1536 --seq-len 2048\n"
+                 "  trainpilot plan --model deepseek-v3 --cluster h800-x2048 "
+                 "--global-batch-size 15360 --seq-len 4096 --top 3 --json\n"
+                 "  trainpilot plan --model llama3-70b --cluster h100-sxm-x64 "
+                 "--global-batch-size 64 --seq-len 8192 --export megatron\n"
+                 "  trainpilot plan --model llama3-8b --cluster h100-sxm-x16 "
+                 "--global-batch-size 128 --seq-len 8192 --export slurm --output train.sbatch",
+    )
+    add_doc_args(parser, plan=False)
+    parser.add_argument("--global-batch-size", type=int, required=True,
+                        help="sequences per optimizer step")
+    parser.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
+    parser.add_argument("--top", type=int, default=5, help="plans to return (default 5)")
+    parser.add_argument("--headroom", type=float, default=0.1,
+                        help="share of device memory kept free (default 0.1)")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp8"],
+                        help="training precision (default bf16)")
+    parser.add_argument("--no-flash-attention", action="store_true",
+                        help="assume unfused attention (s^2 scores in memory)")
+    parser.add_argument("--export", choices=["yaml", "megatron", "torchtitan", "slurm"],
+                        help="print the best plan in this format instead of the ranking")
+    parser.add_argument("--output", type=Path,
+                        help="with --export: write it to this file (atomically)")
+    add_json_arg(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainpilot.fsio import atomic_write_text
+    from trainpilot.perf import CostOptions
+    from trainpilot.plan import search
+    from trainpilot.plan.export import export
+    from trainpilot.plan.render import print_search
+    from trainpilot.specs import SpecError, load_cluster, load_model
+
+    if args.output and not args.export:
+        raise SpecError("--output", str(args.output), "needs --export")
+    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    options = CostOptions(flash_attention=not args.no_flash_attention)
+    with console.status(f"searching layouts of {model.name} on {cluster.name}...",
+                        spinner="dots") if not args.json else _null():
+        result = search(model, cluster, global_batch_size=args.global_batch_size,
+                        seq_len=args.seq_len, top=args.top, headroom=args.headroom,
+                        precision=args.precision, options=options)
+    if not result:
+        return _no_plan(result, args.json)
+    if args.export:
+        best = result[0]
+        text = export(args.export, best.plan, model, cluster, best.prediction)
+        if args.output:
+            atomic_write_text(args.output, text)
+            console.print(f"wrote the best plan ({args.export}) to {args.output}")
+        else:
+            console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+        return 0
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    print_search(console, result)
+    return 0
+
+
+def _no_plan(result, as_json: bool) -> int:
+    if as_json:
+        print_json(result.to_dict())
+        return EXIT_FAILURE
+    from trainpilot.plan.render import stats_line
+
+    short = result.shortfall
+    if short is None:
+        console.print("[bold red]no layout[/]: no layout of the device count splits this "
+                      "model and batch")
+    else:
+        console.print(f"[bold red]no plan fits[/]: the closest layout needs "
+                      f"{short.peak_gib:.1f} GiB per device, {short.short_gib:.1f} GiB over the "
+                      f"{short.limit_gib:.1f} GiB allowed ({short.plan})")
+        console.print("what would make it fit: " + "; ".join(short.suggestions))
+    console.print(stats_line(result), style="dim")
+    return EXIT_FAILURE
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,51 @@
+"""``trainpilot report``: write a run's self-contained HTML report (and a PDF, with Chromium)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainpilot.cli.common import (EXIT_FAILURE, add_json_arg, add_verb, console, err_console,
+                                   print_json)
+
+
+def register(subparsers) -> None:
+    parser = add_verb(
+        subparsers, "report", help="write a run's report as one self-contained HTML file",
+        description="Write one HTML file about a run, readable offline (plotly.js inlined): "
+                    "summary, the dashboard's plots, alerts and interventions, faults and "
+                    "recoveries, goodput by category measured vs simulated, and the plan with "
+                    "predicted vs measured step time. --pdf prints it with headless Chromium.",
+        examples="  trainpilot report runs/demo -o report.html\n"
+                 "  trainpilot report runs/demo -o report.html --pdf   # report.pdf too\n"
+                 "  trainpilot report runs/demo -o out/r.html --json",
+    )
+    parser.add_argument("run_dir", help="a run directory (holding trainpilot.db)")
+    parser.add_argument("-o", "--output", default="report.html",
+                        help="HTML file to write (default report.html)")
+    parser.add_argument("--pdf", action="store_true",
+                        help="also print it to PDF beside the HTML (same name, .pdf); needs "
+                             "Chromium")
+    add_json_arg(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainpilot.ui.report import write_report
+
+    out = Path(args.output)
+    pdf = out.with_suffix(".pdf") if args.pdf else None
+    try:
+        paths = write_report(args.run_dir, out, pdf=pdf)
+    except (FileNotFoundError, RuntimeError) as err:
+        if out.is_file():
+            console.print(f"wrote {out}", markup=False)
+        err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+        return EXIT_FAILURE
+    if args.json:
+        print_json({k: str(v) for k, v in paths.items()})
+    else:
+        for kind, path in paths.items():
+            size = path.stat().st_size / 1e6
+            console.print(f"wrote {kind.upper()} report {path} ({size:.1f} MB)", markup=False)
+    return 0

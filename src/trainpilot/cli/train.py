@@ -1,0 +1,191 @@
+"""``trainpilot train``: run a plan for real under torchrun (CPU/gloo here, NCCL on GPUs)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trainpilot.cli.common import (
+    EXIT_FAILURE, add_doc_args, add_json_arg, add_verb, console, err_console, human, print_json)
+
+# Training options that map one-to-one onto TrainConfig fields.
+_CONFIG_FLAGS = dict(steps=int, lr=float, warmup_steps=int, grad_clip=float, seed=int, data=str,
+                     data_dtype=str, autocast=str)
+
+
+def register(subparsers) -> None:
+    parser = add_verb(
+        subparsers, "train", help="train a model under a plan with torchrun",
+        description="Start the job under torchrun (its own options are accepted as they are) "
+                    "and train the reference model: layout from the plan (DDP/FSDP2, TP+SP, PP, "
+                    "EP), AdamW with warmup+cosine, per-step loss, tokens/s and the cost "
+                    "model's predicted step time. Writes the resolved documents, metrics.jsonl "
+                    "and summary.json into the run directory. --dry-run builds the layout on "
+                    "the meta device and reports per-rank parameters and memory.",
+        examples="  trainpilot train --model tiny-gpt --steps 50 "
+                 "--plan dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64\n"
+                 "  trainpilot train --nproc-per-node 2 --model tiny-moe "
+                 "--plan dp=2,ep=2,micro_batch_size=4,global_batch_size=16,seq_len=64\n"
+                 "  trainpilot train --model tiny-gpt --plan tp=2,sequence_parallel=true,"
+                 "global_batch_size=8,seq_len=64 --run-dir runs/tp2 --json\n"
+                 "  trainpilot train --dry-run --model llama3-70b --cluster h100-sxm-x64 "
+                 "--plan tp=8,pp=4,dp=2,zero=3,global_batch_size=64,seq_len=8192\n"
+                 "  trainpilot train --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d "
+                 "--rdzv-endpoint head:29400 --model llama3-8b --plan plan.yaml",
+    )
+    add_doc_args(parser, cluster=False)
+    parser.add_argument("--cluster", help="cluster preset or file for the predicted step time "
+                        "(default on CPU: this machine, calibrated at start)")
+    group = parser.add_argument_group("training options (TrainConfig)")
+    group.add_argument("--config", help="TrainConfig YAML/JSON file; the flags below override it")
+    group.add_argument("--steps", type=int, help="optimizer steps (default 100)")
+    group.add_argument("--lr", type=float, help="peak learning rate (default 3e-3)")
+    group.add_argument("--warmup-steps", type=int, help="linear warmup steps (default min(10, steps/10))")
+    group.add_argument("--grad-clip", type=float, help="max global grad norm (default 1.0)")
+    group.add_argument("--seed", type=int, help="seed for init, data order and the corpus")
+    group.add_argument("--data", help="'markov' (synthetic, known entropy floor; default) or a "
+                       "nanoGPT-style .bin token file")
+    group.add_argument("--data-dtype", choices=["uint16", "uint32"], help="token file dtype")
+    group.add_argument("--autocast", choices=["auto", "bf16", "off"],
+                       help="bf16 autocast (auto: when the plan says bf16 and the device has "
+                            "native bf16)")
+    group.add_argument("--no-predict", action="store_true",
+                       help="skip calibration and the predicted step time")
+    group.add_argument("--callback", action="append", default=[], metavar="MODULE:FACTORY",
+                       help="attach a callback: factory(run_dir=, layout=) -> Callback "
+                            "(repeatable)")
+    parser.add_argument("--run-dir", help="where the run writes (default runs/<timestamp>)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="build the layout on the meta device; report per-rank parameters "
+                             "and memory; no training")
+    add_json_arg(parser)
+    parser.set_defaults(func=run)
+    _attach_torchrun_options_lazily(parser)
+
+
+def _attach_torchrun_options_lazily(parser: argparse.ArgumentParser) -> None:
+    """torchrun's parser lives in torch (seconds to import), so its options join this verb's
+    parser only when ``train`` itself is parsed: ``trainpilot --help`` stays fast while
+    ``trainpilot train --help`` lists them."""
+    original = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        if not getattr(parser, "_torchrun_attached", False):
+            from trainpilot.runtime.launch import add_torchrun_arguments
+
+            add_torchrun_arguments(parser)
+            parser._torchrun_attached = True
+        return original(args, namespace)
+
+    parser.parse_known_args = parse_known_args
+
+
+def _config(args: argparse.Namespace):
+    from trainpilot.runtime.config import load_config
+    from trainpilot.specs import read_document
+
+    data: dict[str, Any] = read_document(args.config, doc="train") if args.config else {}
+    for flag in _CONFIG_FLAGS:
+        value = getattr(args, flag)
+        if value is not None:
+            data[flag] = value
+    if args.no_predict:
+        data["predict"] = False
+    return load_config(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainpilot.specs import load_cluster, load_model, load_plan
+
+    model, plan = load_model(args.model), load_plan(args.plan)
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    if args.dry_run:
+        return _dry_run(args, model, plan, cluster)
+    config = _config(args)
+    from trainpilot.runtime.launch import launch
+
+    run_dir = Path(args.run_dir or Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    if not args.json:
+        console.print(f"[bold]train[/] {model.name} · plan world size {plan.world_size} · "
+                      f"{config.steps} steps → {run_dir}")
+    progress = None if args.json else _progress(config.steps)
+    try:
+        if progress:
+            progress.start()
+        summary = launch(model=model, plan=plan, config=config, run_dir=run_dir, options=args,
+                         cluster=cluster, callbacks=args.callback,
+                         on_record=progress.on_record if progress else None)
+    except RuntimeError as err:
+        err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+        return EXIT_FAILURE
+    finally:
+        if progress:
+            progress.stop()
+    summary["run_dir"] = str(run_dir)
+    if args.json:
+        print_json(summary)
+    else:
+        print_train_summary(summary)
+    return 0
+
+
+class _progress(Progress):
+    """A progress bar fed by the run's metrics.jsonl lines."""
+
+    def __init__(self, steps: int):
+        super().__init__(TextColumn("[bold]step"), BarColumn(), MofNCompleteColumn(),
+                         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
+        self.task = self.add_task("train", total=steps, info="starting processes...")
+
+    def on_record(self, record: dict) -> None:
+        if record.get("kind") == "step":
+            self.update(self.task, completed=record["step"],
+                        info=f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s")
+        elif record.get("kind") == "calibration":
+            self.update(self.task, info="calibrated; training...")
+
+
+def print_train_summary(summary: dict[str, Any]) -> None:
+    """The run's outcome as a table: losses, speed, predicted vs measured step time."""
+    from trainpilot.runtime.report import summary_rows
+
+    table = Table(show_header=False, title=f"run {summary['run_dir']}", title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in summary_rows(summary):
+        table.add_row(label, value)
+    console.print(table)
+
+
+def _dry_run(args: argparse.Namespace, model, plan, cluster) -> int:
+    from trainpilot.runtime.dryrun import dry_run
+
+    report = dry_run(model, plan)
+    hbm = cluster.device.hbm_gib if cluster is not None else None
+    if hbm is not None:
+        report["device_hbm_gib"] = hbm
+    if args.json:
+        print_json(report)
+        return 0
+    mesh = " ".join(f"{k}={v}" for k, v in report["mesh"].items())
+    table = Table(title=f"dry run: {report['model']} ({human(report['total_params'])} params) on "
+                        f"{report['world_size']} ranks, mesh {mesh}", title_justify="left")
+    for col in ("rank", "pp", "dp", "tp", "ep", "layers", "params", "model states GiB"):
+        table.add_column(col, justify="right")
+    if hbm is not None:
+        table.add_column(f"of {hbm:g} GiB HBM", justify="right")
+    for row in report["ranks"]:
+        cells = [str(row[k]) for k in ("rank", "pp", "dp", "tp", "ep", "layers")]
+        cells += [human(row["params"]), f"{row['model_states_gib']:.3f}"]
+        if hbm is not None:
+            cells.append(f"{row['model_states_gib'] / hbm:.0%}")
+        table.add_row(*cells)
+    console.print(table)
+    console.print(f"[dim]{report['note']}; {report['bytes_per_param']} bytes per parameter. "
+                  "Ranks not shown hold the same counts as the rank of their pipeline stage.[/]")
+    return 0

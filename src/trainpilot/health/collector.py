@@ -1,0 +1,169 @@
+"""Gradient, update and memory statistics of a plain ``nn.Module`` + optimizer.
+
+Per step (cheap: one fused ``_foreach_norm`` over the gradients and one device-to-host copy):
+global and per-layer gradient L2 norms, and the number of non-finite gradient elements (counted
+only when a norm is non-finite, since a finite norm proves there are none). Every
+``detail_every`` steps (one extra pass over the gradients and a copy of the parameters): the share
+of zero or near-zero gradient elements, the update-to-weight ratio ``||w_after - w_before|| /
+||w_before||`` (global and per layer) and memory. A "layer" is the module that owns a parameter
+(``blocks.0.attn.qkv``), so zeroing one ``nn.Linear``'s gradients shows under its own name.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from dataclasses import dataclass, field
+
+import torch
+
+GIB = 1024**3
+
+
+@dataclass(kw_only=True)
+class GradStats:
+    """Gradient statistics of one step, before the optimizer applies them."""
+
+    grad_norm: float
+    layer_norms: dict[str, float]
+    num_nonfinite: int = 0
+    zero_grad_frac: float | None = None  # detail steps only
+
+    @property
+    def finite(self) -> bool:
+        return self.num_nonfinite == 0 and math.isfinite(self.grad_norm)
+
+
+@dataclass(kw_only=True)
+class MemoryStats:
+    peak_mem_gib: float
+    mem_frac: float | None  # used / capacity, None when the capacity is unknown
+    device: str = "cpu"
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _layer_of(param_name: str) -> str:
+    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
+
+
+class MetricsCollector:
+    """Reads gradients and parameters of ``model`` as updated by ``optimizer``."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                 zero_eps: float = 0.0):
+        self.model, self.optimizer, self.zero_eps = model, optimizer, zero_eps
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        layers: dict[str, list[int]] = {}
+        for index, name in enumerate(self.names):
+            layers.setdefault(_layer_of(name), []).append(index)
+        self.layers = layers
+        self.layer_names = list(layers)
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        owner = {i: k for k, members in enumerate(layers.values()) for i in members}
+        self._owner = [owner[i] for i in range(len(self.params))]  # param index -> layer index
+        self._before: list[torch.Tensor] | None = None
+
+    def _grads(self) -> tuple[list[int], list[torch.Tensor]]:
+        # .grad never requires grad itself (no create_graph here): no detach needed.
+        pairs = [(i, p.grad) for i, p in enumerate(self.params) if p.grad is not None]
+        return [i for i, _ in pairs], [g for _, g in pairs]
+
+    def grad_stats(self, *, detailed: bool = False) -> GradStats:
+        """Norms (and on detail steps the zero share) of the gradients present now."""
+        index, grads = self._grads()
+        if not grads:
+            return GradStats(grad_norm=0.0, layer_norms={})
+        # One fused norm kernel and one copy to the host; the per-layer sums are a few dozen
+        # floats, cheaper in Python than as more small kernels.
+        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).tolist()
+        squares = [0.0] * len(self.layer_names)
+        present = [False] * len(self.layer_names)
+        for i, norm in zip(index, norms):
+            k = self._owner[i]
+            squares[k] += norm * norm
+            present[k] = True
+        # Layers whose parameters got no gradient at all (unused, frozen) are left out.
+        layer_norms = {name: math.sqrt(sq) for name, sq, p in
+                       zip(self.layer_names, squares, present) if p}
+        total = math.sqrt(math.fsum(n * n for n in norms))
+        stats = GradStats(grad_norm=total, layer_norms=layer_norms)
+        if not math.isfinite(total):
+            stats.num_nonfinite = sum(int((~torch.isfinite(g)).sum()) for g, n in
+                                      zip(grads, norms) if not math.isfinite(n))
+        if detailed:
+            num = sum(g.numel() for g in grads)
+            if self.zero_eps > 0:
+                counts = [(g.abs() <= self.zero_eps).sum() for g in grads]
+                zeros = int(torch.stack(counts).sum())
+            else:  # exact zeros: one counting kernel per tensor, one sync
+                zeros = num - int(torch.stack([torch.count_nonzero(g) for g in grads]).sum())
+            stats.zero_grad_frac = zeros / num if num else 0.0
+        return stats
+
+    def snapshot(self) -> None:
+        """Copy the parameters before the optimizer step (detail steps only)."""
+        self._before = [p.detach().clone() for p in self.params]
+
+    def update_ratios(self) -> tuple[float, dict[str, float]] | None:
+        """Global and per-layer ``||delta w|| / ||w||`` since :meth:`snapshot` (then cleared)."""
+        if self._before is None:
+            return None
+        before, self._before = self._before, None
+        f32 = torch.float32  # mixed-dtype models: one dtype for the stacked norms
+        delta = torch.stack(torch._foreach_norm(
+            [p.detach() - b for p, b in zip(self.params, before)], 2, dtype=f32)).tolist()
+        weight = torch.stack(torch._foreach_norm(before, 2, dtype=f32)).tolist()
+        per_layer = {}
+        for name, members in self.layers.items():
+            w = math.sqrt(sum(weight[i] ** 2 for i in members))
+            d = math.sqrt(sum(delta[i] ** 2 for i in members))
+            per_layer[name] = d / w if w > 0 else 0.0
+        w_all = math.sqrt(sum(w * w for w in weight))
+        d_all = math.sqrt(sum(d * d for d in delta))
+        return (d_all / w_all if w_all > 0 else 0.0), per_layer
+
+    def memory(self) -> MemoryStats:
+        """Peak memory (CUDA allocator on a GPU, else this process's peak RSS) and pressure."""
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            return MemoryStats(peak_mem_gib=torch.cuda.max_memory_allocated(self.device) / GIB,
+                               mem_frac=torch.cuda.memory_reserved(self.device) / total,
+                               device=str(self.device))
+        return host_memory()
+
+
+def host_memory() -> MemoryStats:
+    """This process's peak RSS and current RSS over the memory it may use (cgroup limit or
+    MemTotal)."""
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    rss = _current_rss_bytes()
+    capacity = _memory_capacity_bytes()
+    frac = rss / capacity if rss is not None and capacity else None
+    return MemoryStats(peak_mem_gib=peak_kib * 1024 / GIB, mem_frac=frac)
+
+
+def _current_rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _memory_capacity_bytes() -> int | None:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+            if text.isdigit() and int(text) < 1 << 60:
+                return int(text)
+        except OSError:
+            pass
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None

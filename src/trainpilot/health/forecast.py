@@ -1,0 +1,224 @@
+"""Convergence forecast: fit the loss curve so far, predict the final loss and when a target is hit.
+
+Model (saturating power law): ``L(t) = a * t^(-b) + c``. Where the learning-rate schedule is known
+(``lr_at``), time is the schedule's area and the annealing bonus is modelled too, after Tissue et
+al. 2024 ("Scaling law with learning rate annealing"): ``L = c + a * S1^(-b) - C * S2`` with
+``S1(t) = sum_{i<=t} lr_i / lr_peak`` and ``S2(t) = sum_{i<=t} m_i``, ``m_i = lambda * m_{i-1} +
+(lr_{i-1} - lr_i) / lr_peak`` (lambda = 0.999; warm-up's rises are not annealing). ``C`` is fitted
+only once the curve has seen 10 % of the final S2 (model "lr_annealing"); before, C = 0 and only
+the time axis is the schedule's area ("lr_area"). With a constant LR this is the plain law.
+
+Fit: the curve is averaged into at most ``max_points`` equal-width bins (after dropping the first
+``skip_frac`` of the steps: warm-up), and ``log L`` is fitted (relative error, so the early
+high-loss points do not dominate) with ``scipy.optimize.least_squares``. Uncertainty: a moving-
+block bootstrap of the fit's residuals (blocks keep their autocorrelation), ``num_bootstrap``
+refits, percentile interval. Refit after LR-schedule changes: without ``lr_at``, an observed step
+change of the LR (> 10 % in one step, e.g. "halve on plateau") starts a new segment, and only the
+points after the last change are fitted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+from trainpilot.specs.errors import SpecError
+
+ANNEAL_DECAY = 0.999
+ANNEAL_MIN_FRAC = 0.10  # fit C only once the curve has seen this share of the final S2
+LR_JUMP = 0.10  # relative one-step LR change that starts a new fit segment
+
+
+@dataclass(frozen=True, kw_only=True)
+class Forecast:
+    """A forecast made at ``made_at_step`` of the loss at ``total_steps`` (and of a target)."""
+
+    made_at_step: int
+    total_steps: int
+    model: str  # "power_law", "lr_area" or "lr_annealing"
+    final_loss: float
+    final_lo: float
+    final_hi: float
+    interval: float  # e.g. 0.8 for a 10-90 % interval
+    params: dict[str, float]
+    segment_start: int
+    target_loss: float | None = None
+    target_step: int | None = None  # None: not reached within 10x the budget
+    target_lo: int | None = None
+    target_hi: int | None = None
+    band: list[tuple[int, float, float, float]] = field(default_factory=list)  # step, lo, mid, hi
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def lr_areas(lrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(S1, S2) per step for a learning-rate sequence (index 0 = step 1), normalised by the peak."""
+    peak = float(np.max(lrs)) or 1.0
+    eta = lrs / peak
+    s1 = np.cumsum(eta)
+    drops = np.maximum(-np.diff(eta, prepend=eta[0]), 0.0)  # warm-up is not annealing
+    momentum = np.empty_like(eta)
+    m = 0.0
+    for i, drop in enumerate(drops):
+        m = ANNEAL_DECAY * m + drop
+        momentum[i] = m
+    return s1, np.cumsum(momentum)
+
+
+class ConvergenceForecaster:
+    """Fits loss curves and forecasts the loss at ``total_steps``.
+
+    ``lr_at(step) -> lr`` (optional) is the planned schedule for steps 1..total_steps.
+    """
+
+    def __init__(self, *, total_steps: int, lr_at: Callable[[int], float] | None = None,
+                 num_bootstrap: int = 32, max_points: int = 80, skip_frac: float = 0.05,
+                 interval: float = 0.8, seed: int = 0):
+        if total_steps < 2:
+            raise SpecError("total_steps", total_steps, "valid: an integer >= 2")
+        if not 0 < interval < 1:
+            raise SpecError("interval", interval, "valid: a fraction in (0, 1), e.g. 0.8")
+        self.total_steps, self.num_bootstrap = total_steps, num_bootstrap
+        self.max_points, self.skip_frac, self.interval = max_points, skip_frac, interval
+        self._rng = np.random.default_rng(seed)
+        self._areas = None
+        if lr_at is not None:
+            lrs = np.array([float(lr_at(s)) for s in range(1, total_steps + 1)])
+            self._areas = lr_areas(lrs)
+
+    # ------------------------------------------------------------------ the model
+    def _features(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self._areas is None:
+            return steps.astype(np.float64), np.zeros(len(steps))
+        index = np.clip(steps.astype(int) - 1, 0, self.total_steps - 1)
+        return self._areas[0][index], self._areas[1][index]
+
+    @staticmethod
+    def _curve(p: np.ndarray, x: np.ndarray, s2: np.ndarray, scale: float) -> np.ndarray:
+        a, b, c = p[0], p[1], p[2]
+        anneal = p[3] * s2 if len(p) > 3 else 0.0
+        return c + a * np.power(x / scale, -b) - anneal
+
+    def _fit(self, x, s2, y, scale, start) -> np.ndarray:
+        from scipy.optimize import least_squares  # imported here: scipy costs ~1 s to import
+
+        anneal = len(start) > 3
+        lo = [1e-9, 1e-3, 0.0] + ([0.0] if anneal else [])
+        hi = [np.inf, 3.0, float(np.min(y)) * 0.999] + ([np.inf] if anneal else [])
+        start = np.clip(start, np.array(lo) + 1e-12, np.array(hi) - 1e-12)
+
+        u, log_y = x / scale, np.log(y)
+        log_u = np.log(u)
+
+        def residual(p):
+            return np.log(np.maximum(self._curve(p, x, s2, scale), 1e-9)) - log_y
+
+        def jacobian(p):
+            power = np.power(u, -p[1])
+            inv = 1.0 / np.maximum(self._curve(p, x, s2, scale), 1e-9)
+            cols = [power * inv, -p[0] * power * log_u * inv, inv]
+            if len(p) > 3:
+                cols.append(-s2 * inv)
+            return np.stack(cols, axis=1)
+
+        return least_squares(residual, start, jac=jacobian, bounds=(lo, hi), method="trf",
+                             max_nfev=100).x
+
+    # ------------------------------------------------------------------ forecasting
+    def segment_start(self, steps: np.ndarray, lrs: Sequence[float] | None) -> int:
+        """Index of the first point after the last observed LR step change (0 when none)."""
+        if self._areas is not None or lrs is None or len(lrs) < 2:
+            return 0
+        lr = np.asarray(lrs, dtype=np.float64)
+        prev = np.maximum(np.abs(lr[:-1]), 1e-30)
+        jumps = np.flatnonzero(np.abs(lr[1:] - lr[:-1]) / prev > LR_JUMP)
+        return int(jumps[-1] + 1) if len(jumps) else 0
+
+    def _bins(self, steps: np.ndarray, losses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        keep = np.isfinite(losses) & (losses > 0)
+        steps, losses = steps[keep], losses[keep]
+        num_bins = min(self.max_points, len(steps))
+        edges = np.linspace(steps[0], steps[-1] + 1e-9, num_bins + 1)
+        which = np.clip(np.searchsorted(edges, steps, side="right") - 1, 0, num_bins - 1)
+        counts = np.bincount(which, minlength=num_bins)
+        ok = counts > 0
+        x = np.bincount(which, weights=steps, minlength=num_bins)[ok] / counts[ok]
+        y = np.bincount(which, weights=losses, minlength=num_bins)[ok] / counts[ok]
+        return x, y
+
+    def forecast(self, steps: Sequence[int], losses: Sequence[float], *,
+                 lrs: Sequence[float] | None = None,
+                 target_loss: float | None = None) -> Forecast | None:
+        """Forecast from the curve so far; ``None`` until there are 20 usable points."""
+        steps_a = np.asarray(steps, dtype=np.float64)
+        losses_a = np.asarray(losses, dtype=np.float64)
+        start = self.segment_start(steps_a, lrs)
+        skip = int(self.skip_frac * len(steps_a)) if start == 0 else 0
+        steps_a, losses_a = steps_a[start + skip:], losses_a[start + skip:]
+        if np.isfinite(losses_a).sum() < 20:
+            return None
+        xs, ys = self._bins(steps_a, losses_a)
+        x, s2 = self._features(xs)
+        scale = float(x[-1])
+        # The annealing term is fitted only once the curve has seen enough of the LR decay to
+        # identify it; before that, C = 0 (time is still the schedule's area S1): extrapolating a
+        # C fitted on an almost constant S2 gave absurd, even negative, losses.
+        anneal = (self._areas is not None
+                  and s2[-1] >= ANNEAL_MIN_FRAC * max(float(self._areas[1][-1]), 1e-12))
+        p0 = np.array([max(ys[0] - 0.9 * ys.min(), 1e-3), 0.5, 0.9 * float(ys.min())]
+                      + ([0.0] if anneal else []))
+        best = self._fit(x, s2, ys, scale, p0)
+        fitted = self._curve(best, x, s2, scale)
+        residuals = np.log(ys) - np.log(np.maximum(fitted, 1e-9))
+        samples = [best] + [self._fit(x, s2, fitted * np.exp(self._block_resample(residuals)),
+                                      scale, best) for _ in range(self.num_bootstrap)]
+        return self._summarise(samples, scale, int(steps_a[-1]), int(steps[start]),
+                               target_loss)
+
+    def _block_resample(self, residuals: np.ndarray) -> np.ndarray:
+        n = len(residuals)
+        block = max(1, n // 10)
+        starts = self._rng.integers(0, max(1, n - block + 1), size=math.ceil(n / block))
+        return np.concatenate([residuals[s:s + block] for s in starts])[:n]
+
+    def _predict(self, p: np.ndarray, steps: np.ndarray, scale: float) -> np.ndarray:
+        x, s2 = self._features(steps)
+        return self._curve(p, x, s2, scale)
+
+    def _summarise(self, samples, scale, made_at, segment_start, target_loss) -> Forecast:
+        q_lo, q_hi = 50 * (1 - self.interval), 50 * (1 + self.interval)
+        end = np.array([float(self.total_steps)])
+        finals = np.array([self._predict(p, end, scale)[0] for p in samples])
+        grid = np.unique(np.linspace(max(1, segment_start), self.total_steps, 60).astype(int))
+        curves = np.array([self._predict(p, grid.astype(np.float64), scale) for p in samples])
+        band = [(int(s), float(lo), float(mid), float(hi)) for s, lo, mid, hi in zip(
+            grid, np.percentile(curves, q_lo, axis=0), curves[0],
+            np.percentile(curves, q_hi, axis=0))]
+        names = ["a", "b", "c", "C"]
+        out = dict(made_at_step=made_at, total_steps=self.total_steps,
+                   model=("power_law" if self._areas is None else
+                          "lr_annealing" if len(samples[0]) > 3 else "lr_area"),
+                   final_loss=float(finals[0]), final_lo=float(np.percentile(finals, q_lo)),
+                   final_hi=float(np.percentile(finals, q_hi)), interval=self.interval,
+                   params={k: float(v) for k, v in zip(names, samples[0])},
+                   segment_start=segment_start, band=band)
+        if target_loss is not None:
+            out.update(target_loss=target_loss,
+                       **self._target_steps(samples, scale, made_at, target_loss, q_lo, q_hi))
+        return Forecast(**out)
+
+    def _target_steps(self, samples, scale, made_at, target, q_lo, q_hi) -> dict:
+        horizon = self.total_steps if self._areas is not None else 10 * self.total_steps
+        grid = np.unique(np.geomspace(max(made_at, 1), horizon, 400).astype(int))
+        hits = []
+        for p in samples:
+            below = np.flatnonzero(self._predict(p, grid.astype(np.float64), scale) <= target)
+            hits.append(int(grid[below[0]]) if len(below) else None)
+        reached = [h for h in hits if h is not None]
+        if hits[0] is None or len(reached) < len(hits) / 2:
+            return dict(target_step=None, target_lo=None, target_hi=None)
+        return dict(target_step=hits[0], target_lo=int(np.percentile(reached, q_lo)),
+                    target_hi=int(np.percentile(reached, q_hi)))

@@ -1,0 +1,95 @@
+"""Straggler detection from per-rank compute times, and gathering those times to rank 0.
+
+Per step, each rank's compute time (measured *before* the gradient collective: DDP's all-reduce
+makes every rank wait for the slowest, so step times look even) is compared with the median of
+the other ranks: ``ratio_r = t_r / median(t_others)``. With 4 or more ranks the robust z-score
+``(t_r - median) / (1.4826 * MAD)`` must also pass ``z`` (with 2-3 ranks the MAD says nothing).
+A rank is a straggler when it is flagged in at least ``min_fraction`` of the last ``window``
+steps; its reported slowdown is the median ratio over those steps.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from trainpilot.health.detectors import MAD_TO_SIGMA
+from trainpilot.store.runstore import RankTiming
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler:
+    rank: int
+    slowdown: float  # median over the window of compute time / median of the other ranks
+    num_flagged: int
+    window: int
+
+
+def step_ratios(compute_s: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-rank (ratio to the median of the other ranks, robust z-score) for one step."""
+    t = np.asarray(compute_s, dtype=np.float64)
+    n = len(t)
+    if n < 2:
+        return np.ones(n), np.zeros(n)
+    others = np.array([np.median(np.delete(t, r)) for r in range(n)])
+    ratio = np.where(others > 0, t / np.maximum(others, 1e-12), 1.0)
+    median = np.median(t)
+    sigma = MAD_TO_SIGMA * np.median(np.abs(t - median))
+    z = (t - median) / sigma if sigma > 0 else np.where(t > median, np.inf, 0.0)
+    return ratio, z
+
+
+class StragglerDetector:
+    """Keeps a window of per-rank flags and reports consistent stragglers."""
+
+    def __init__(self, *, ratio: float = 1.2, window: int = 10, min_fraction: float = 0.8,
+                 z: float = 3.0):
+        self.ratio, self.window, self.min_fraction, self.z = ratio, window, min_fraction, z
+        self._history: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=window)
+
+    def update(self, compute_s: Sequence[float]) -> list[Straggler]:
+        """Add one step's per-rank compute times (index = rank); return current stragglers."""
+        ratio, z = step_ratios(compute_s)
+        flagged = ratio >= self.ratio
+        if len(ratio) >= 4:
+            flagged &= z >= self.z
+        self._history.append((flagged, ratio))
+        if len(self._history) < self.window:
+            return []
+        flags = np.stack([f for f, _ in self._history])
+        ratios = np.stack([r for _, r in self._history])
+        counts = flags.sum(axis=0)
+        need = int(np.ceil(self.min_fraction * self.window))
+        return [Straggler(rank=int(r), slowdown=float(np.median(ratios[:, r])),
+                          num_flagged=int(counts[r]), window=self.window)
+                for r in np.flatnonzero(counts >= need)]
+
+    def reset(self) -> None:
+        self._history.clear()
+
+
+def gather_rank_timings(step: int, *, step_s: float, compute_s: float, comm_s: float = 0.0,
+                        data_s: float = 0.0, group=None) -> list[RankTiming] | None:
+    """All-gather one step's timings of every rank; rank 0 gets the list, others ``None``.
+
+    One ``all_gather_into_tensor`` of 4 float64 per rank (works on gloo and NCCL). Call it on
+    every rank of ``group`` (a collective), e.g. every N steps to keep its cost negligible.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor([step_s, compute_s, comm_s, data_s], dtype=torch.float64, device=device)
+    out = torch.empty(world * 4, dtype=torch.float64, device=device)
+    dist.all_gather_into_tensor(out, mine, group=group)
+    if dist.get_rank(group) != 0:
+        return None
+    rows = out.view(world, 4).tolist()
+    return [RankTiming(step=step, rank=r, step_s=row[0], compute_s=row[1], comm_s=row[2],
+                       data_s=row[3]) for r, row in enumerate(rows)]

@@ -1,0 +1,330 @@
+"""The cost model's engine: a plan's layout -> per-stage seconds and bytes, with caches.
+
+``predict`` wraps this for one plan; the layout search calls it for many thousands. Nothing here
+builds pydantic objects: a ``Layout`` is a plain frozen dataclass; per-layer costs, spans and
+parameter counts are cached by the few fields they depend on; and stages that hold the same
+layers (every middle stage of an even split) are costed once.
+
+Step time (1F1B over ``p`` stages, ``m`` micro-batches, ``v`` virtual stages per rank):
+``m * t_c + (sum_i t_i - t_c) / v + 2 x (m v + p - 2) + max_i(tail_i)``, where ``t_i`` is stage
+i's forward + backward (+ exposed ZeRO-2/3 traffic) per micro-batch, ``t_c`` the slowest stage's,
+``x`` one activation transfer between stages, and ``tail_i`` the data-parallel traffic and
+optimizer step stage i cannot hide. For uniform stages the bubble term is Narayanan's
+``(p-1)/(v m)`` of the busy time. Zero-bubble (ZB-H1) keeps a third of 1F1B's bubble (Qi et al.
+2023).
+"""
+
+from __future__ import annotations
+
+from trainpilot.perf.dataparallel import Traffic, exposed, traffic
+from trainpilot.perf.flops import hardware_flops_per_token, model_flops_per_token
+from trainpilot.perf.group import Group
+from trainpilot.perf.hardware import Device, curve_for, device_model
+from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerCost, LayerSetup, activation_bytes, \
+    layer_cost
+from trainpilot.perf.memory import RankParams, in_flight, stage_rank_params
+from trainpilot.perf.options import CostOptions
+from trainpilot.perf.stages import (  # noqa: F401 (re-exported: the cost model's records)
+    BREAKDOWN_KEYS,
+    OPT_BYTES_PER_PARAM,
+    Costing,
+    Layout,
+    StageNumbers,
+    _Sig,
+    _Sigs,
+    layout_of,
+)
+from trainpilot.perf.topology import GroupSpan, Network, Placement
+from trainpilot.specs import ClusterSpec, ModelSpec
+
+
+class Estimator:
+    """Costs layouts of one model on one cluster; caches what layouts share."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec,
+                 options: CostOptions | None = None):
+        self.model, self.cluster = model, cluster
+        self.options = options or CostOptions()
+        self.net = Network.of(cluster)
+        self.dropout = self.options.dropout_for(model)
+        self._moe = [model.is_moe_layer(i) for i in range(model.num_hidden_layers)]
+        self._devices: dict[str, Device] = {}
+        self._layers: dict[tuple, LayerCost] = {}
+        self._spans: dict[tuple, dict[str, GroupSpan]] = {}
+        self._params: dict[tuple, RankParams] = {}
+        self._sigs: dict[tuple, _Sigs] = {}
+        self._flops: dict[tuple, tuple[float, float]] = {}
+        self._edge_cache: dict[tuple, tuple[float, float, float, float]] = {}
+        self._traffic: dict[tuple, Traffic] = {}
+        self._flight: dict[tuple, float] = {}
+        self._p2p_cache: dict[tuple, float] = {}
+        self._acts: dict[tuple, tuple[float, float, float]] = {}
+
+    # -- cached pieces ---------------------------------------------------------------------
+    def device(self, precision: str) -> Device:
+        found = self._devices.get(precision)
+        if found is None:
+            curve = self.options.curve or curve_for(self.cluster)
+            if self.options.host_us_per_kernel is not None:
+                curve = curve.replace(host_us_per_kernel=self.options.host_us_per_kernel)
+            found = self._devices[precision] = device_model(self.cluster, precision, curve)
+        return found
+
+    def placement(self, lay: Layout) -> Placement:
+        dp_ep = lay.ep // _gcd(lay.ep, lay.cp)
+        sizes = (("tp", lay.tp), ("cp", lay.cp), ("dp_ep", dp_ep), ("pp", lay.pp),
+                 ("dp", lay.dp // dp_ep))
+        return Placement.from_sizes(sizes, self.cluster.devices_per_node,
+                                    int(self.cluster.nodes_per_rack))
+
+    def spans(self, lay: Layout) -> dict[str, GroupSpan]:
+        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.dp_shard)
+        found = self._spans.get(key)
+        if found is None:
+            place = self.placement(lay)
+            found = place.groups(lay.ep)
+            if lay.dp_shard:
+                axes = ("cp", "dp_ep", "dp")
+                found["dp_shard"] = place.span_prefix(axes, lay.dp_shard * lay.cp)
+                found["dp_replicate"] = place.span_stride(axes, lay.dp_shard * lay.cp)
+            self._spans[key] = found
+        return found
+
+    def stage_ids(self, lay: Layout) -> list[list[int]]:
+        """Decoder layer indices on each pipeline rank (all its virtual chunks)."""
+        sg = self.signatures(lay)
+        return [list(sg.sigs[k].ids) for k in sg.of_stage]
+
+    def signatures(self, lay: Layout) -> _Sigs:
+        """The stage signatures of ``lay``'s split (cached by split and interleaving)."""
+        key = (lay.stage_layers, lay.vp)
+        found = self._sigs.get(key)
+        if found is None:
+            found = self._sigs[key] = self._make_sigs(lay)
+        return found
+
+    def _make_sigs(self, lay: Layout) -> _Sigs:
+        p, v = lay.pp, lay.vp
+        if v == 1:
+            ids, start = [], 0
+            for count in lay.stage_layers:
+                ids.append(tuple(range(start, start + count)))
+                start += count
+        else:
+            chunk = sum(lay.stage_layers) // (p * v)
+            ids = [tuple((i + k * p) * chunk + j for k in range(v) for j in range(chunk))
+                   for i in range(p)]
+        sigs, index, of_stage = [], {}, []
+        for i, stage in enumerate(ids):
+            n_moe = sum(self._moe[j] for j in stage)
+            # The same layer count, MoE count and edge role cost the same.
+            sig_key = (len(stage), n_moe, i == 0, i == p - 1)
+            if sig_key not in index:
+                index[sig_key] = len(sigs)
+                sigs.append(_Sig(stage, n_moe, i == 0, i == p - 1))
+            of_stage.append(index[sig_key])
+        first = [of_stage.index(k) for k in range(len(sigs))]
+        count = [of_stage.count(k) for k in range(len(sigs))]
+        before = [tuple(of_stage[:first[k]].count(j) for j in range(len(sigs)))
+                  for k in range(len(sigs))]
+        return _Sigs(tuple(sigs), tuple(of_stage), tuple(first), tuple(count), tuple(before))
+
+    def _setup(self, lay: Layout, sp: bool | None = None) -> LayerSetup:
+        return LayerSetup(
+            tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
+            seq_len=lay.seq_len,
+            sequence_parallel=lay.sequence_parallel if sp is None else sp,
+            flash_attention=self.options.flash_attention, dropout=self.dropout,
+            ep_imbalance=self.options.ep_imbalance if lay.ep > 1 else 1.0,
+        )
+
+    def layer_act(self, lay: Layout, moe_layer: bool, sp: bool,
+                  micro_batch_size: int | None = None) -> tuple[float, float, float]:
+        """(none, selective, full) activation bytes per layer and micro-batch (memory checks
+        need no time model); ``micro_batch_size`` overrides the layout's."""
+        mb = micro_batch_size or lay.micro_batch_size
+        key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp)
+        found = self._acts.get(key)
+        if found is None:
+            setup = LayerSetup(
+                tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=mb, seq_len=lay.seq_len,
+                sequence_parallel=sp, flash_attention=self.options.flash_attention,
+                dropout=self.dropout)
+            found = self._acts[key] = activation_bytes(self.model, moe_layer, setup)
+        return found
+
+    def layer(self, lay: Layout, moe_layer: bool, spans: dict[str, GroupSpan]) -> LayerCost:
+        # A dense layer does not see expert parallelism: leave it out of the key.
+        ep, ep_span = (lay.ep, spans["ep"]) if moe_layer else (1, None)
+        key = (moe_layer, lay.tp, lay.cp, ep, lay.micro_batch_size, lay.seq_len,
+               lay.sequence_parallel, lay.precision, spans["tp"], spans["cp"], ep_span)
+        found = self._layers.get(key)
+        if found is None:
+            found = self._layers[key] = layer_cost(self.model, moe_layer, self._setup(lay),
+                                                   self.device(lay.precision), self.net, spans)
+        return found
+
+    def params(self, lay: Layout, sig: _Sig) -> RankParams:
+        return self.sig_params(lay)[self.signatures(lay).sigs.index(sig)]
+
+    def sig_params(self, lay: Layout) -> list[RankParams]:
+        """Parameters on one rank of each signature of ``lay``'s split."""
+        sg = self.signatures(lay)
+        key = (id(sg), lay.tp, lay.ep)  # signature sets live as long as the cache
+        found = self._params.get(key)
+        if found is None:
+            found = self._params[key] = [
+                stage_rank_params(self.model, sig.ids, tp=lay.tp, ep=lay.ep, first=sig.first,
+                                  last=sig.last, pp=lay.pp) for sig in sg.sigs]
+        return found
+
+    def flops_per_token(self, seq_len: int, recompute: str) -> tuple[float, float]:
+        key = (seq_len, recompute)
+        if key not in self._flops:
+            self._flops[key] = (model_flops_per_token(self.model, seq_len),
+                                hardware_flops_per_token(self.model, seq_len, recompute))
+        return self._flops[key]
+
+    def _in_flight(self, lay: Layout, stage: int) -> float:
+        key = (lay.schedule, stage, lay.pp, lay.vp, lay.num_micro_batches)
+        found = self._flight.get(key)
+        if found is None:
+            found = self._flight[key] = in_flight(lay.schedule, stage, lay.pp, lay.vp,
+                                                  lay.num_micro_batches)
+        return found
+
+    # -- costing ---------------------------------------------------------------------------
+    def group(self, lay: Layout) -> Group:
+        """The context ``lay`` shares with its ZeRO / recompute / sequence-parallel variants."""
+        return Group(self, lay)
+
+    def peak_bytes(self, lay: Layout) -> float:
+        """Peak memory per device (bytes) over the pipeline ranks."""
+        return self.group(lay).peak(lay.zero, lay.recompute, lay.sequence_parallel)[0]
+
+    def quick(self, lay: Layout, limit_bytes: float | None = None
+              ) -> tuple[float | None, float]:
+        """(step seconds, peak bytes); the step is None when the peak passes ``limit_bytes``
+        (memory is checked before any time is costed)."""
+        return self.group(lay).quick(lay.zero, lay.recompute, lay.sequence_parallel,
+                                     limit_bytes)
+
+    def lower_bound(self, lay: Layout) -> float:
+        """A step time no ZeRO or recompute variant of ``lay`` can beat (see Group)."""
+        return self.group(lay).lower_bound(lay.sequence_parallel)
+
+    def evaluate(self, lay: Layout) -> Costing:
+        """Full costing of ``lay``: memory and time per pipeline rank, step time, breakdown."""
+        g = self.group(lay)
+        stages, peak, peak_stage = g.memory(lay)
+        g.fill(lay, stages)
+        step, breakdown = g.pipeline(lay, stages)
+        per_stage = g.expand(lay, stages)
+        model_fpt, hw_fpt = self.flops_per_token(lay.seq_len, lay.recompute)
+        tokens_step = lay.global_batch_size * lay.seq_len
+        return Costing(
+            layout=lay, stages=per_stage, step_time_s=step, breakdown_s=breakdown,
+            peak_bytes=peak, peak_stage=peak_stage, model_flops_per_step=model_fpt * tokens_step,
+            hardware_flops_per_step=hw_fpt * tokens_step, peak_flops=g.dev.peak_flops,
+            hbm_bytes=g.dev.hbm_bytes, spans=g.spans,
+        )
+
+    def _p2p(self, lay: Layout, spans: dict[str, GroupSpan]) -> float:
+        if lay.pp == 1:
+            return 0.0
+        key = (lay.micro_batch_size * lay.seq_len / (lay.cp * lay.tp), spans["pp"],
+               lay.precision)
+        found = self._p2p_cache.get(key)
+        if found is None:
+            # Megatron sends 1/tp of the activation per TP rank (scatter-gather optimisation).
+            num_bytes = ACT_BYTES * key[0] * self.model.hidden_size
+            found = self._p2p_cache[key] = max(self.net.p2p_s(spans["pp"], num_bytes),
+                                               self.device(lay.precision).host_coll_s)
+        return found
+
+    def _edges(self, lay: Layout, spans: dict[str, GroupSpan], first: bool,
+               last: bool) -> tuple[float, float, float, float]:
+        """(fwd compute, bwd compute, fwd TP, bwd TP) seconds per micro-batch for the
+        embedding (first stage) and final norm, output layer and loss (last stage)."""
+        if not (first or last):
+            return 0.0, 0.0, 0.0, 0.0
+        key = (lay.tp, lay.cp, lay.micro_batch_size, lay.seq_len, lay.sequence_parallel,
+               lay.precision, first, last, spans["tp"])
+        found = self._edge_cache.get(key)
+        if found is None:
+            found = self._edge_cache[key] = self._edges_uncached(lay, spans, first, last)
+        return found
+
+    def _edges_uncached(self, lay: Layout, spans: dict[str, GroupSpan], first: bool,
+                        last: bool) -> tuple[float, float, float, float]:
+        dev = self.device(lay.precision)
+        h, t, v = self.model.hidden_size, lay.tp, self.model.vocab_size
+        tokens = lay.micro_batch_size * lay.seq_len / lay.cp
+        tokens_sp = tokens / t if lay.sequence_parallel else tokens
+        host, coll, net, span = dev.host_s, dev.host_coll_s, self.net, spans["tp"]
+        f = b = tf = tb = 0.0
+        msg = ACT_BYTES * tokens * h
+        sp = lay.sequence_parallel
+        if first:
+            f += max(dev.memory_s(2 * ACT_BYTES * tokens * h), host)
+            b += max(dev.memory_s(2 * 4 * tokens * h), host)  # fp32 scatter-add of the grads
+            if t > 1:  # vocab-parallel embedding: sum the partial lookups
+                tf += max(net.reduce_scatter_s(span, msg) if sp else net.all_reduce_s(span, msg),
+                          coll)
+                tb += max(net.all_gather_s(span, msg), coll) if sp else 0.0
+        if last:
+            f += max(dev.memory_s(2 * ACT_BYTES * tokens_sp * h), host)
+            b += max(BWD_MEM * dev.memory_s(2 * ACT_BYTES * tokens_sp * h), host)
+            f += max(dev.gemm_s(tokens, v / t, h), host)
+            b += max(2 * dev.gemm_s(tokens, v / t, h), 2 * host)
+            f += max(dev.memory_s(12.0 * tokens * v / t), 4 * host)  # fp32 vocab-parallel loss
+            b += max(dev.memory_s(8.0 * tokens * v / t), 2 * host)
+            if t > 1:
+                tf += 3 * max(net.all_reduce_s(span, 4.0 * tokens), coll)
+                if sp:
+                    tf += max(net.all_gather_s(span, msg), coll)
+                    tb += max(net.reduce_scatter_s(span, msg), coll)
+        return f, b, tf, tb
+
+    def _data_parallel(self, lay: Layout, spans: dict[str, GroupSpan], st: StageNumbers,
+                       sig: _Sig) -> None:
+        """The stage's gradient/parameter traffic, its exposure and the optimizer step."""
+        dev = self.device(lay.precision)
+        gbytes = self.options.grad_bytes_for(lay.precision)
+        tied = self.model.tie_word_embeddings and lay.pp > 1 and (sig.first or sig.last)
+        key = (lay.zero, gbytes, st.params, spans["dp"], spans["expert_dp"], spans["pp"],
+               spans.get("dp_shard"), lay.hierarchical, lay.bucket_mb, lay.dp_shard, tied,
+               len(sig.ids))
+        tr = self._traffic.get(key)
+        if tr is None:
+            tied_bytes = gbytes * self.model.vocab_size * self.model.hidden_size / lay.tp \
+                if tied else 0.0
+            tr = self._traffic[key] = traffic(
+                self.net, zero=lay.zero, params=st.params, grad_bytes=gbytes, spans=spans,
+                hierarchical=lay.hierarchical, bucket_bytes=lay.bucket_mb * 1e6,
+                dp_shard=lay.dp_shard, tied_bytes=tied_bytes, num_layers=len(sig.ids))
+        ov, sigma = lay.overlap, dev.curve.overlap_slowdown
+        st.fsdp_fwd_s = exposed(tr.mb_fwd_s, st.fwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
+        st.fsdp_bwd_s = exposed(tr.mb_bwd_s, st.bwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
+        st.dp_tail_rs_s = exposed(tr.step_grad_s, st.bwd_s, tr.step_grad_edge_s, overlap=ov,
+                                  slowdown=sigma) + \
+            exposed(tr.replicate_s, st.bwd_s, tr.replicate_s, overlap=ov, slowdown=sigma) + \
+            tr.tied_s
+        st.dp_tail_ag_s = exposed(tr.step_gather_s, st.fwd_s, tr.step_gather_edge_s,
+                                  overlap=ov, slowdown=sigma)
+        st.dp_comm_s = tr.total_s(lay.num_micro_batches)
+        grad_bytes = int(gbytes * st.params.total)
+        size = max(1, int(lay.bucket_mb * 1e6))
+        full, rest = divmod(grad_bytes, size)
+        st.bucket_bytes = tuple([size] * full + ([rest] if rest else []))
+        shards = (lay.dp_shard or lay.dp) * lay.cp
+        p = st.params
+        opt = p.dense + p.expert if lay.zero == 0 else \
+            p.dense / shards + p.expert / max(1, shards // lay.ep)
+        st.optimizer_s = max(dev.memory_s(OPT_BYTES_PER_PARAM * opt), 4 * dev.host_s)
+
+
+def _gcd(a: int, b: int) -> int:
+    while b:
+        a, b = b, a % b
+    return a

@@ -1,0 +1,195 @@
+"""What one device achieves: GEMM efficiency by size, memory-bound throughput, host overhead.
+
+The numbers are data (``perf/data/efficiency.yaml``), keyed by ``DeviceSpec.efficiency_curve``;
+this module only interpolates them. Units: seconds, bytes, FLOPs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainpilot.specs import ClusterSpec, SpecError
+
+_DATA = "efficiency.yaml"
+_KEYS = {"gemm_efficiency", "flash_attention_efficiency", "hbm_efficiency",
+         "host_us_per_kernel", "host_us_per_collective", "overlap_slowdown", "reserved_gib"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EfficiencyCurve:
+    """One device family's efficiency data (see the YAML file's header for each key)."""
+
+    name: str
+    gemm_points: tuple[tuple[float, float], ...]  # (log10 FLOPs, fraction of peak), ascending
+    flash_attention_efficiency: float
+    hbm_efficiency: float
+    host_us_per_kernel: float
+    host_us_per_collective: float
+    overlap_slowdown: float
+    reserved_gib: float
+    _xs: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _ys: tuple[float, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        points = self.gemm_points
+        if len(points) < 2:
+            raise SpecError(f"efficiency.{self.name}.gemm_efficiency", len(points),
+                            "valid: at least two [log10 FLOPs, fraction] points")
+        xs = [float(x) for x, _ in points]
+        ys = [float(y) for _, y in points]
+        if any(b <= a for a, b in zip(xs, xs[1:])):
+            raise SpecError(f"efficiency.{self.name}.gemm_efficiency", xs,
+                            "valid: strictly increasing log10(FLOPs)")
+        if any(not 0 < y <= 1 for y in ys):
+            raise SpecError(f"efficiency.{self.name}.gemm_efficiency", ys,
+                            "valid: fractions in (0, 1]")
+        if any(b < a for a, b in zip(ys, ys[1:])):
+            # Larger GEMMs never run less efficiently; the search's lower bounds rely on it.
+            raise SpecError(f"efficiency.{self.name}.gemm_efficiency", ys,
+                            "valid: fractions that never decrease with size")
+        for key in ("flash_attention_efficiency", "hbm_efficiency"):
+            if not 0 < getattr(self, key) <= 1:
+                raise SpecError(f"efficiency.{self.name}.{key}", getattr(self, key),
+                                "valid: a fraction in (0, 1]")
+        if self.overlap_slowdown < 1:
+            raise SpecError(f"efficiency.{self.name}.overlap_slowdown", self.overlap_slowdown,
+                            "valid: >= 1")
+        object.__setattr__(self, "_xs", tuple(xs))
+        object.__setattr__(self, "_ys", tuple(ys))
+
+    def gemm_efficiency(self, flops: float) -> float:
+        """Achieved fraction of peak for one GEMM of ``flops`` FLOPs (log-linear interpolation,
+        clamped to the end points)."""
+        xs, ys = self._xs, self._ys
+        x = math.log10(flops) if flops > 0 else xs[0]
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1]
+        i = bisect.bisect_right(xs, x)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(gemm_efficiency=[list(p) for p in self.gemm_points],
+                    flash_attention_efficiency=self.flash_attention_efficiency,
+                    hbm_efficiency=self.hbm_efficiency,
+                    host_us_per_kernel=self.host_us_per_kernel,
+                    host_us_per_collective=self.host_us_per_collective,
+                    overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib)
+
+    def replace(self, **changes: Any) -> EfficiencyCurve:
+        data = dict(name=self.name, gemm_points=self.gemm_points,
+                    flash_attention_efficiency=self.flash_attention_efficiency,
+                    hbm_efficiency=self.hbm_efficiency, host_us_per_kernel=self.host_us_per_kernel,
+                    host_us_per_collective=self.host_us_per_collective,
+                    overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib)
+        data.update(changes)
+        return EfficiencyCurve(**data)
+
+
+def curve_from_dict(name: str, data: dict[str, Any]) -> EfficiencyCurve:
+    """Build a curve from one YAML entry; unknown or missing keys are SpecErrors."""
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise SpecError(f"efficiency.{name}.{sorted(unknown)[0]}", "<key>",
+                        f"unknown key; valid keys: {', '.join(sorted(_KEYS))}")
+    missing = _KEYS - set(data)
+    if missing:
+        raise SpecError(f"efficiency.{name}.{sorted(missing)[0]}", "<missing>",
+                        "this key is required")
+    return EfficiencyCurve(
+        name=name, gemm_points=tuple((float(x), float(y)) for x, y in data["gemm_efficiency"]),
+        flash_attention_efficiency=float(data["flash_attention_efficiency"]),
+        hbm_efficiency=float(data["hbm_efficiency"]),
+        host_us_per_kernel=float(data["host_us_per_kernel"]),
+        host_us_per_collective=float(data["host_us_per_collective"]),
+        overlap_slowdown=float(data["overlap_slowdown"]), reserved_gib=float(data["reserved_gib"]),
+    )
+
+
+@lru_cache(maxsize=None)
+def _bundled() -> dict[str, EfficiencyCurve]:
+    text = resources.files("trainpilot.perf").joinpath("data", _DATA).read_text()
+    return {name: curve_from_dict(name, entry) for name, entry in yaml.safe_load(text).items()}
+
+
+def load_curves(path: str | Path | None = None) -> dict[str, EfficiencyCurve]:
+    """Every curve in ``path`` (default: the bundled data file)."""
+    if path is None:
+        return dict(_bundled())
+    data = yaml.safe_load(Path(path).read_text())
+    return {name: curve_from_dict(name, entry) for name, entry in data.items()}
+
+
+def curve_for(cluster: ClusterSpec) -> EfficiencyCurve:
+    """The bundled curve named by the cluster's device (``efficiency_curve``, else its name)."""
+    device = cluster.device
+    key = device.efficiency_curve or device.name
+    curves = _bundled()
+    if key not in curves:
+        raise SpecError("cluster.device.efficiency_curve", key,
+                        f"no efficiency data; valid: {', '.join(curves)}")
+    return curves[key]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    """A device as the cost model sees it: peak for the plan's dtype, HBM, efficiency data."""
+
+    peak_flops: float  # dense FLOP/s for the plan's precision
+    hbm_bytes_per_s: float  # achieved (nominal * hbm_efficiency)
+    hbm_bytes: float
+    curve: EfficiencyCurve
+
+    @property
+    def host_s(self) -> float:
+        """Host time to issue one kernel."""
+        return self.curve.host_us_per_kernel * 1e-6
+
+    @property
+    def host_coll_s(self) -> float:
+        """Host time to issue one collective (NCCL call and its framework wrapper)."""
+        return self.curve.host_us_per_collective * 1e-6
+
+    def gemm_s(self, m: float, n: float, k: float, *, batch: float = 1.0) -> float:
+        """Seconds for ``batch`` GEMMs of (m x k) @ (k x n) in 16-bit: roofline of the
+        size-dependent compute rate and the HBM traffic. Excludes host overhead."""
+        flops = 2.0 * m * n * k * batch
+        if flops <= 0:
+            return 0.0
+        compute = flops / (self.peak_flops * self.curve.gemm_efficiency(flops))
+        traffic = 2.0 * (m * k + k * n + m * n) * batch / self.hbm_bytes_per_s
+        return compute if compute > traffic else traffic
+
+    def attention_s(self, flops: float) -> float:
+        """Seconds for a fused (flash) attention kernel doing ``flops`` FLOPs."""
+        if flops <= 0:
+            return 0.0
+        eff = self.curve.gemm_efficiency(flops) * self.curve.flash_attention_efficiency
+        return flops / (self.peak_flops * eff)
+
+    def memory_s(self, num_bytes: float) -> float:
+        """Seconds for a memory-bound kernel moving ``num_bytes`` through HBM."""
+        return num_bytes / self.hbm_bytes_per_s
+
+
+def device_model(cluster: ClusterSpec, precision: str,
+                 curve: EfficiencyCurve | None = None) -> Device:
+    """The cost model's view of ``cluster.device`` at ``precision`` (bf16/fp16/fp8)."""
+    spec = cluster.device
+    curve = curve or curve_for(cluster)
+    return Device(
+        peak_flops=spec.peak_flops(precision),
+        hbm_bytes_per_s=spec.hbm_gbytes_per_s * 1e9 * curve.hbm_efficiency,
+        hbm_bytes=spec.hbm_gib * 2**30,
+        curve=curve,
+    )

@@ -1,0 +1,317 @@
+"""One decoder layer on one rank, per micro-batch: seconds by part and activation bytes.
+
+Time is built op by op. Every GEMM costs ``Device.gemm_s`` (size-dependent efficiency, roofline
+against HBM traffic); every memory-bound kernel (norms, residual adds, activation functions,
+softmax, dropout, RoPE, permutes) costs its bytes over achieved HBM bandwidth; every kernel takes
+at least the host's per-kernel issue time. The backward of a GEMM is two GEMMs of the same size
+(data and weight gradients); the backward of a memory-bound kernel moves 1.5x its forward bytes
+(reads the saved input and the incoming gradient, writes one gradient). FlashAttention's
+backward does 2.5x its forward FLOPs (five matmuls against two).
+
+Activation bytes follow Korthikanti et al. 2022 (16-bit activations, 1-byte dropout masks),
+generalised to GQA, MLA, SwiGLU and MoE by the actual tensor shapes:
+
+* kept whole on every TP rank (divided by tp under sequence parallelism): the two norm inputs,
+  the QKV and fc1 inputs (4 x 2 bytes x tokens x h) and two dropout masks (2 x 1 byte);
+* divided by tp: Q, K, V and the output-projection input; the activation-function input and
+  the fc2 input (for GPT's 4h GELU MLP these give Korthikanti's 24/t);
+* attention scores without FlashAttention: softmax output (2), dropout mask (1) and output (2)
+  bytes per score, ``5 a s^2 b / t``;
+* selective recompute drops the scores; full recompute keeps only the layer input, ``2sbh``
+  (``/t`` with sequence parallelism).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainpilot.perf.hardware import Device
+from trainpilot.perf.topology import GroupSpan, Network
+from trainpilot.specs import ModelSpec
+
+ACT_BYTES = 2  # 16-bit activations (bf16/fp16; fp8 GEMM inputs are transient)
+BWD_MEM = 1.5  # backward bytes / forward bytes of a memory-bound kernel
+FLASH_BWD = 2.5  # FlashAttention backward FLOPs / forward FLOPs
+CAUSAL = 0.5  # share of the score square a causal FlashAttention kernel computes
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerSetup:
+    """Everything one layer's cost depends on, besides the model and the hardware."""
+
+    tp: int
+    cp: int
+    ep: int
+    micro_batch_size: int
+    seq_len: int
+    sequence_parallel: bool
+    flash_attention: bool
+    dropout: bool
+    ep_imbalance: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    """Seconds per micro-batch for one layer on one rank, by part, and its activation bytes
+    under each recompute mode.
+
+    TP parts include MoE expert-TP gathers; CP parts are the ring-attention transfers not hidden
+    behind attention; EP parts are the dispatch + combine all-to-alls. ``attn_core_s`` is the
+    attention core (what selective recompute re-runs); full recompute re-runs the whole forward
+    with its TP and EP communication."""
+
+    fwd_compute_s: float
+    bwd_compute_s: float
+    attn_core_s: float
+    tp_fwd_s: float
+    tp_bwd_s: float
+    ep_fwd_s: float
+    ep_bwd_s: float
+    cp_fwd_s: float
+    cp_bwd_s: float
+    act_none_bytes: float  # everything the backward needs
+    act_selective_bytes: float  # without the attention scores
+    act_input_bytes: float  # the layer input only (full recompute)
+    num_kernels: int
+
+    def act_bytes(self, recompute: str) -> float:
+        """Bytes kept per in-flight micro-batch under ``recompute``."""
+        if recompute == "full":
+            return self.act_input_bytes
+        return self.act_selective_bytes if recompute == "selective" else self.act_none_bytes
+
+    def recompute_s(self, recompute: str) -> tuple[float, float, float]:
+        """(compute, TP, EP) seconds re-run before the backward under ``recompute``."""
+        if recompute == "full":
+            return self.fwd_compute_s, self.tp_fwd_s, self.ep_fwd_s
+        if recompute == "selective":
+            return self.attn_core_s, 0.0, 0.0
+        return 0.0, 0.0, 0.0
+
+    @property
+    def fwd_s(self) -> float:
+        return self.fwd_compute_s + self.tp_fwd_s + self.ep_fwd_s + self.cp_fwd_s
+
+    def bwd_s(self, recompute: str) -> float:
+        """Backward including recomputation and its communication."""
+        return (self.bwd_compute_s + self.tp_bwd_s + self.ep_bwd_s + self.cp_bwd_s
+                + sum(self.recompute_s(recompute)))
+
+
+class _Ops:
+    """Accumulates kernels: each takes max(its GPU time, the host's issue time)."""
+
+    def __init__(self, host_s: float):
+        self.host_s = host_s
+        self.total = 0.0
+        self.kernels = 0
+
+    def add(self, gpu_s: float, kernels: int = 1) -> float:
+        t = max(gpu_s, kernels * self.host_s)
+        self.total += t
+        self.kernels += kernels
+        return t
+
+
+def _attention_gemms(model: ModelSpec, tp: int) -> list[tuple[float, float]]:
+    """(n, k) of each attention projection GEMM per token row on one TP rank."""
+    h, a = model.hidden_size, model.num_attention_heads
+    if model.mla is not None:
+        m = model.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q = [(m.q_lora_rank, h), (a * qk / tp, m.q_lora_rank)] if m.q_lora_rank else \
+            [(a * qk / tp, h)]
+        kv = [(m.kv_lora_rank + m.qk_rope_head_dim, h),
+              (a * (m.qk_nope_head_dim + m.v_head_dim) / tp, m.kv_lora_rank)]
+        return q + kv + [(h, a * m.v_head_dim / tp)]
+    d, kv = int(model.head_dim), model.kv_heads
+    return [((a + 2 * kv) * d / tp, h), (h, a * d / tp)]
+
+
+def _head_dims(model: ModelSpec) -> tuple[int, int, int]:
+    """(query-key dim, value dim, key-value heads) of the attention core."""
+    if model.mla is not None:
+        m = model.mla
+        return m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, model.num_attention_heads
+    d = int(model.head_dim)
+    return d, d, model.kv_heads
+
+
+def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device,
+               net: Network, spans: dict[str, GroupSpan]) -> LayerCost:
+    """Cost of one decoder layer (dense or MoE) for ``setup`` on ``dev``/``net``, with the
+    numbers every recompute mode needs."""
+    st = setup
+    t, b = st.tp, st.micro_batch_size
+    s_loc = st.seq_len / st.cp
+    m = b * s_loc  # token rows on this rank
+    m_sp = m / t if st.sequence_parallel else m  # rows of norms / residuals under SP
+    h, a = model.hidden_size, model.num_attention_heads
+    qk, vd, kvh = _head_dims(model)
+    a_t, kv_t = a / t, kvh / t
+    fwd, bwd = _Ops(dev.host_s), _Ops(dev.host_s)
+
+    # Attention projections.
+    proj_fwd = proj_bwd = 0.0
+    for n, k in _attention_gemms(model, t):
+        proj_fwd += fwd.add(dev.gemm_s(m, n, k))
+        proj_bwd += bwd.add(2 * dev.gemm_s(m, n, k), 2)
+
+    # Attention core.
+    core = _Ops(dev.host_s)
+    if st.flash_attention:
+        flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL
+        core.add(dev.attention_s(flops))
+        bwd.add(dev.attention_s(FLASH_BWD * flops))
+    else:
+        batch = b * a_t
+        scores = batch * s_loc * st.seq_len
+        core.add(dev.gemm_s(s_loc, st.seq_len, qk, batch=batch))  # QK^T
+        core.add(dev.memory_s(2 * ACT_BYTES * scores))  # fused scale-mask-softmax
+        if st.dropout:
+            core.add(dev.memory_s((2 * ACT_BYTES + 1) * scores))
+        core.add(dev.gemm_s(s_loc, vd, st.seq_len, batch=batch))  # AV
+        core.add(dev.memory_s(2 * ACT_BYTES * m * a_t * vd))  # context permute to [s, b, h]
+        bwd.add(2 * dev.gemm_s(s_loc, st.seq_len, qk, batch=batch), 2)
+        bwd.add(2 * dev.gemm_s(s_loc, vd, st.seq_len, batch=batch), 2)
+        bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * scores) * (2.25 if st.dropout else 1), 2)
+        bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * m * a_t * vd))
+    fwd.total += core.total
+    fwd.kernels += core.kernels
+
+    # Memory-bound kernels around the GEMMs: 2 norms, 2 residual adds (+dropout), RoPE.
+    norm = ACT_BYTES * 2 * m_sp * h
+    resid = (ACT_BYTES * 3 + (1 if st.dropout else 0)) * m_sp * h
+    for num_bytes in (norm, norm, resid, resid):
+        fwd.add(dev.memory_s(num_bytes))
+        bwd.add(BWD_MEM * dev.memory_s(num_bytes))
+    if model.position_embedding == "rope":
+        rope = ACT_BYTES * 2 * m * (a_t + kv_t) * (qk if model.mla is None else
+                                                    model.mla.qk_rope_head_dim)
+        fwd.add(dev.memory_s(rope))
+        bwd.add(BWD_MEM * dev.memory_s(rope))
+
+    # Feed-forward block.
+    mlp = _mlp(model, moe_layer, st, dev, net, spans, m, fwd, bwd)
+
+    # Tensor-parallel collectives: 2 per block pass (all-reduce, or all-gather + reduce-scatter
+    # under sequence parallelism), the same in the backward.
+    tp_fwd = tp_bwd = 0.0
+    if t > 1:
+        msg = ACT_BYTES * m * h
+        span = spans["tp"]
+        if st.sequence_parallel:
+            one = net.all_gather_s(span, msg) + net.reduce_scatter_s(span, msg)
+            kernels = 2
+        else:
+            one = net.all_reduce_s(span, msg)
+            kernels = 1
+        one = max(one, kernels * dev.host_coll_s)
+        tp_fwd = tp_bwd = 2 * one
+    tp_fwd += mlp.tp_fwd_s
+    tp_bwd += mlp.tp_fwd_s
+
+    # Context parallelism: ring exchange of K and V, hidden behind each attention chunk.
+    cp_fwd = cp_bwd = 0.0
+    if st.cp > 1:
+        step = net.p2p_s(spans["cp"], ACT_BYTES * b * s_loc * kv_t * (qk + vd))
+        chunk = core.total / st.cp
+        cp_fwd = (st.cp - 1) * max(0.0, step - chunk)
+        cp_bwd = (st.cp - 1) * max(0.0, 2 * step - FLASH_BWD * chunk)  # K, V and dK, dV
+
+    act_none, act_sel, act_input = _activation_bytes(model, moe_layer, st, m, m_sp, s_loc)
+    return LayerCost(
+        fwd_compute_s=fwd.total, bwd_compute_s=bwd.total, attn_core_s=core.total,
+        tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=mlp.ep_fwd_s, ep_bwd_s=mlp.ep_fwd_s,
+        cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, act_none_bytes=act_none,
+        act_selective_bytes=act_sel, act_input_bytes=act_input,
+        num_kernels=fwd.kernels + bwd.kernels,
+    )
+
+
+@dataclass(frozen=True)
+class _MlpComm:
+    tp_fwd_s: float  # expert-TP gathers (MoE with tp > 1), per forward
+    ep_fwd_s: float  # dispatch + combine all-to-all, per forward
+
+
+def _mlp(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net: Network,
+         spans: dict[str, GroupSpan], m: float, fwd: _Ops, bwd: _Ops) -> _MlpComm:
+    h, t = model.hidden_size, st.tp
+    gate = 2 if model.activation == "swiglu" else 1
+    act_bytes_per = ACT_BYTES * (3 if gate == 2 else 2)  # read (2 inputs if gated), write
+
+    def dense(rows: float, width: float, experts: float = 1.0) -> None:
+        fwd.add(experts * dev.gemm_s(rows, gate * width / t, h))
+        fwd.add(experts * dev.memory_s(act_bytes_per * rows * width / t))
+        fwd.add(experts * dev.gemm_s(rows, h, width / t))
+        bwd.add(2 * experts * dev.gemm_s(rows, gate * width / t, h), 2)
+        bwd.add(BWD_MEM * experts * dev.memory_s(act_bytes_per * rows * width / t))
+        bwd.add(2 * experts * dev.gemm_s(rows, h, width / t), 2)
+
+    if not moe_layer:
+        dense(m, int(model.intermediate_size))
+        return _MlpComm(0.0, 0.0)
+    moe = model.moe
+    assert moe is not None
+    m_route = m / t  # Megatron routes sequence-parallel shards when tp > 1
+    pairs = m * moe.top_k * st.ep_imbalance  # token copies this TP group's experts receive
+    fwd.add(dev.gemm_s(m_route, moe.num_experts, h))  # router
+    fwd.add(dev.memory_s(3 * 4 * m_route * moe.num_experts))  # softmax + top-k in fp32
+    permute = 2 * ACT_BYTES * 2 * (pairs / t) * h  # gather into expert order and back
+    fwd.add(dev.memory_s(permute), 2)
+    bwd.add(BWD_MEM * dev.memory_s(permute), 2)
+    local = moe.num_experts / st.ep
+    dense(pairs / local, moe.expert_intermediate_size, experts=local)
+    if moe.num_shared_experts:
+        dense(m, moe.shared_width)
+    coll = dev.host_coll_s
+    a2a = 2 * max(net.all_to_all_s(spans["ep"], ACT_BYTES * m_route * moe.top_k * h
+                                   * st.ep_imbalance), coll) if st.ep > 1 else 0.0
+    tp_gather = 0.0
+    if t > 1:  # expert tensor parallelism: gather routed tokens over TP, scatter results back
+        msg = ACT_BYTES * pairs * h
+        tp_gather = max(net.all_gather_s(spans["tp"], msg), coll) + \
+            max(net.reduce_scatter_s(spans["tp"], msg), coll)
+    return _MlpComm(tp_gather, a2a)
+
+
+def activation_bytes(model: ModelSpec, moe_layer: bool, setup: LayerSetup
+                     ) -> tuple[float, float, float]:
+    """(no recompute, selective, full recompute) bytes one layer keeps per micro-batch."""
+    s_loc = setup.seq_len / setup.cp
+    m = setup.micro_batch_size * s_loc
+    m_sp = m / setup.tp if setup.sequence_parallel else m
+    return _activation_bytes(model, moe_layer, setup, m, m_sp, s_loc)
+
+
+def _activation_bytes(model: ModelSpec, moe_layer: bool, st: LayerSetup, m: float,
+                      m_sp: float, s_loc: float) -> tuple[float, float, float]:
+    """(no recompute, selective, full) activation bytes of one layer, one micro-batch."""
+    h, a, t = model.hidden_size, model.num_attention_heads, st.tp
+    qk, vd, kvh = _head_dims(model)
+    masks = 2 * m_sp * h if st.dropout else 0.0
+    replicated = ACT_BYTES * 4 * m_sp * h + masks
+    sharded = ACT_BYTES * m * (a * qk + kvh * qk + kvh * vd + a * vd) / t
+    if model.mla is not None:  # latent inputs of the up-projections, not split by TP
+        replicated += ACT_BYTES * m * (model.mla.q_lora_rank + model.mla.kv_lora_rank
+                                       + model.mla.qk_rope_head_dim)
+    gate = 2 if model.activation == "swiglu" else 1
+    if moe_layer:
+        moe = model.moe
+        assert moe is not None
+        pairs = m * moe.top_k
+        sharded += ACT_BYTES * pairs * h  # permuted expert inputs
+        sharded += ACT_BYTES * pairs * moe.expert_intermediate_size * (gate + 1) / t
+        if moe.num_shared_experts:
+            sharded += ACT_BYTES * m * moe.shared_width * (gate + 1) / t
+    else:
+        sharded += ACT_BYTES * m * int(model.intermediate_size) * (gate + 1) / t
+    b = st.micro_batch_size
+    if st.flash_attention:
+        scores = 4.0 * b * (a / t) * s_loc  # fp32 log-sum-exp per query row
+    else:
+        scores = (2 * ACT_BYTES + 1 if st.dropout else ACT_BYTES) * b * (a / t) * s_loc * \
+            st.seq_len
+    selective = replicated + sharded
+    return selective + scores, selective, ACT_BYTES * m_sp * h

@@ -1,0 +1,99 @@
+"""Memory per device: parameters per pipeline stage, the bytes each ZeRO stage keeps per
+parameter, in-flight micro-batches of each pipeline schedule.
+
+Bytes per parameter (weights, gradients, optimizer), mixed-precision Adam, ``d`` = ranks the
+state is sharded over (dp x cp; dp x cp / ep for expert parameters):
+
+* zero 0, Megatron without a distributed optimizer: 2 + 4 + 12 = 18 (fp32 main gradients,
+  fp32 master weights and two Adam moments);
+* zero 1, Megatron's distributed optimizer: 2 + 4 + 12/d = 6 + 12/d;
+* zero 2 (ZeRO paper): 2 + (2 + 12)/d;
+* zero 3 / FSDP (ZeRO paper): 16/d, plus the gathered-layer buffer (one layer's full 16-bit
+  weights in use, the next one prefetched, and its 16-bit gradients before the reduce-scatter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainpilot.perf.flops import attention_params, mlp_params
+from trainpilot.specs import ModelSpec
+
+GIB = 2.0**30
+
+
+def bytes_per_param(zero: int, shards: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter for ZeRO stage ``zero`` over
+    ``shards`` ranks."""
+    d = float(max(shards, 1))
+    if zero == 0:
+        return 2.0, 4.0, 12.0
+    if zero == 1:
+        return 2.0, 4.0, 12.0 / d
+    if zero == 2:
+        return 2.0, 2.0 / d, 12.0 / d
+    return 2.0 / d, 2.0 / d, 12.0 / d
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters one rank holds for one pipeline stage, split by how they are sharded."""
+
+    dense: float  # sharded by tp (or replicated norms); data-parallel over dp*cp
+    expert: float  # routed experts, sharded by ep*tp; data-parallel over dp*cp/ep
+    largest_layer: float  # one layer's parameters on this rank (FSDP's gathered buffer)
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.expert
+
+
+def layer_rank_params(model: ModelSpec, index: int, tp: int, ep: int) -> tuple[float, float]:
+    """(dense, expert) parameters of layer ``index`` on one rank."""
+    h = model.hidden_size
+    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
+    dense = attention_params(model) / tp + norms
+    if not model.is_moe_layer(index):
+        return dense + mlp_params(model, int(model.intermediate_size)) / tp, 0.0
+    moe = model.moe
+    assert moe is not None
+    shared = mlp_params(model, moe.shared_width) / tp if moe.num_shared_experts else 0.0
+    router = h * moe.num_experts
+    expert = moe.num_experts * mlp_params(model, moe.expert_intermediate_size) / (ep * tp)
+    return dense + shared + router, expert
+
+
+def stage_rank_params(model: ModelSpec, layer_ids: range, *, tp: int, ep: int, first: bool,
+                      last: bool, pp: int) -> RankParams:
+    """Parameters on one rank of the pipeline stage holding ``layer_ids`` (the embedding on
+    the first stage, the final norm and output layer on the last; with tied embeddings and
+    pp > 1 the last stage keeps its own copy of the embedding, as Megatron does)."""
+    h, v = model.hidden_size, model.vocab_size
+    dense = expert = largest = 0.0
+    for i in layer_ids:
+        d, e = layer_rank_params(model, i, tp, ep)
+        dense, expert, largest = dense + d, expert + e, max(largest, d + e)
+    if first:
+        dense += v * h / tp
+        if model.position_embedding == "learned":
+            dense += model.max_position_embeddings * h
+    if last:
+        dense += h * (2 if model.norm == "layernorm" else 1)
+        if not model.tie_word_embeddings or pp > 1:
+            dense += v * h / tp
+    return RankParams(dense, expert, largest)
+
+
+def in_flight(schedule: str, stage: int, pp: int, vp: int, num_micro_batches: int) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the
+    stage's full layer set (an interleaved chunk counts 1/vp)."""
+    m = num_micro_batches
+    if pp == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved" and vp > 1:
+        # Megatron: warm-up of 2(p - i - 1) + (v - 1)p chunks, plus the one in flight.
+        chunks = 2 * (pp - stage - 1) + (vp - 1) * pp + 1
+        return min(chunks, m * vp) / vp
+    return float(min(pp - stage, m))  # 1F1B and zero-bubble (ZB-H1 keeps 1F1B's peak)

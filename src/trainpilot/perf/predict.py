@@ -1,0 +1,159 @@
+"""``predict(model, cluster, plan)``: step time, throughput, MFU/HFU and per-stage memory.
+
+MFU counts model FLOPs as Megatron's ``num_floating_point_operations`` does (see
+``perf/flops.py``: 3x the forward GEMMs, attention over the full s x s square, logits included);
+HFU adds what recomputation re-runs. Both are against the dense peak of the plan's precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainpilot.perf.estimator import Estimator
+from trainpilot.perf.memory import GIB
+from trainpilot.perf.options import CostOptions
+from trainpilot.perf.stages import BREAKDOWN_KEYS, Costing, StageNumbers, layout_of
+from trainpilot.perf.topology import Placement
+from trainpilot.specs import ClusterSpec, ModelSpec, Plan, check_job
+
+MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "other", "total")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCost:
+    """One pipeline rank, for the step-timeline simulator. Seconds are per micro-batch unless
+    marked per step; ``fwd_s``/``bwd_s`` cover all of the rank's virtual chunks, include the
+    TP/CP/EP communication on the critical path and any exposed ZeRO-2/3 traffic; ``bwd_s``
+    includes recomputation."""
+
+    index: int
+    layers: int
+    fwd_s: float
+    bwd_s: float
+    p2p_s: float  # one activation (or gradient) transfer to the neighbouring stage
+    dp_comm_s: float  # per step: this stage's gradient reduce / ZeRO traffic, not overlapped
+    dp_bucket_bytes: tuple[int, ...]  # gradient buckets in launch order (last layer first)
+    optimizer_s: float  # per step
+    ep_comm_s: float  # EP all-to-all, forward + backward (+ recompute)
+    tp_comm_s: float  # TP collectives inside fwd_s + bwd_s (forward, backward, recompute)
+    cp_comm_s: float  # exposed ring-attention transfers inside fwd_s + bwd_s
+    memory: dict[str, float]  # GiB: weights, grads, optimizer, activations, other, total
+    params: float  # parameters held by one rank of this stage
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(index=self.index, layers=self.layers, fwd_s=self.fwd_s, bwd_s=self.bwd_s,
+                    p2p_s=self.p2p_s, dp_comm_s=self.dp_comm_s,
+                    dp_bucket_bytes=list(self.dp_bucket_bytes), optimizer_s=self.optimizer_s,
+                    ep_comm_s=self.ep_comm_s, tp_comm_s=self.tp_comm_s,
+                    cp_comm_s=self.cp_comm_s, memory=dict(self.memory), params=self.params)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """The cost model's answer for one plan. Times in seconds, memory in GiB."""
+
+    plan: Plan
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_device: float  # model TFLOP/s per device
+    mfu: float
+    hfu: float
+    fits: bool
+    memory_gib: dict[str, Any]  # {peak, peak_stage, hbm, per_stage: [...]}
+    breakdown_s: dict[str, float]
+    stages: list[StageCost]
+    placement: dict[str, Any]  # group spans over the cluster tree and the axis order
+    num_micro_batches: int
+    caveats: tuple[str, ...] = ()  # what this plan uses that no validation row measured
+    _place: Placement | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Exactly what ``trainpilot predict --json`` prints."""
+        return dict(step_time_s=self.step_time_s, tokens_per_s=self.tokens_per_s,
+                    tflops_per_device=self.tflops_per_device, mfu=self.mfu, hfu=self.hfu,
+                    fits=self.fits, memory_gib=self.memory_gib, breakdown_s=self.breakdown_s,
+                    num_micro_batches=self.num_micro_batches, placement=self.placement,
+                    caveats=list(self.caveats))
+
+    def rank_map(self, limit: int | None = None) -> list[dict[str, int]]:
+        """Rank -> rack, node, device and parallel coordinates (first ``limit`` ranks)."""
+        assert self._place is not None
+        return self._place.rank_map(limit)
+
+
+def predict(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
+            options: CostOptions | None = None,
+            estimator: Estimator | None = None) -> Prediction:
+    """Predict one plan. Raises SpecError (via ``check_job``) for an impossible plan.
+
+    ``options`` states the software assumptions (attention kernel, dropout, ...); pass an
+    ``estimator`` to reuse its caches across many plans of the same model and cluster."""
+    check_job(model, cluster, plan)
+    est = estimator or Estimator(model, cluster, options)
+    costing = est.evaluate(layout_of(model, plan))
+    return prediction_from(costing, plan, est.placement(costing.layout),
+                           caveats=caveats(model, cluster, plan, est.options))
+
+
+# Device curves fitted to measured iterations (see perf/data/efficiency.yaml).
+CALIBRATED_CURVES = ("a100",)
+
+
+def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+            options: CostOptions) -> tuple[str, ...]:
+    """What this plan relies on that the validation rows (2021-2023 Megatron(-DeepSpeed) on
+    A100: dense GPT, TP/PP/DP, ZeRO 0, unfused attention, gradients reduced after the
+    backward) never measured. An empty tuple means the plan is inside the validated regime."""
+    out = []
+    curve = cluster.device.efficiency_curve or cluster.device.name
+    if curve not in CALIBRATED_CURVES:
+        out.append(f"{curve} efficiency data is not calibrated against measured runs")
+    if plan.zero >= 2:
+        out.append(f"ZeRO-{plan.zero} traffic overlap is modelled, not validated")
+    elif plan.zero == 1 and plan.dp * plan.cp > 1:
+        out.append("the distributed optimizer's gathers are modelled, not validated")
+    if plan.comm.overlap and plan.dp * plan.cp > 1:
+        out.append("overlapped gradient reduction is modelled, not validated")
+    if options.flash_attention:
+        out.append("fused (flash) attention efficiency is not validated")
+    if plan.cp > 1:
+        out.append("context parallelism is modelled, not validated")
+    if model.moe is not None:
+        out.append("MoE expert compute and all-to-all are modelled, not validated")
+    if plan.precision == "fp8":
+        out.append("fp8 GEMMs use the bf16 efficiency curve at the fp8 peak")
+    return tuple(out)
+
+
+def prediction_from(c: Costing, plan: Plan, place: Placement,
+                    caveats: tuple[str, ...] = ()) -> Prediction:
+    """Package an Estimator costing as a Prediction."""
+    lay = c.layout
+    devices = lay.world_size
+    tokens = lay.global_batch_size * lay.seq_len / c.step_time_s
+    tflops = c.model_flops_per_step / c.step_time_s / devices
+    hw = c.hardware_flops_per_step / c.step_time_s / devices
+    stages = [_stage_cost(s) for s in c.stages]
+    per_stage = [s.memory for s in stages]
+    memory = dict(peak=c.peak_bytes / GIB, peak_stage=c.peak_stage, hbm=c.hbm_bytes / GIB,
+                  per_stage=per_stage)
+    placement = dict(order=["tp", "cp", "dp (EP part)", "pp", "dp"],
+                     groups={k: v.to_dict() for k, v in c.spans.items()})
+    return Prediction(
+        plan=plan, step_time_s=c.step_time_s, tokens_per_s=tokens, tflops_per_device=tflops / 1e12,
+        mfu=tflops / c.peak_flops, hfu=hw / c.peak_flops, fits=c.peak_bytes <= c.hbm_bytes,
+        memory_gib=memory, breakdown_s={k: c.breakdown_s[k] for k in BREAKDOWN_KEYS},
+        stages=stages, placement=placement, num_micro_batches=lay.num_micro_batches,
+        caveats=caveats, _place=place,
+    )
+
+
+def _stage_cost(s: StageNumbers) -> StageCost:
+    return StageCost(
+        index=s.index, layers=s.layers, fwd_s=s.fwd_s + s.fsdp_fwd_s,
+        bwd_s=s.bwd_s + s.fsdp_bwd_s, p2p_s=s.p2p_s, dp_comm_s=s.dp_comm_s,
+        dp_bucket_bytes=s.bucket_bytes, optimizer_s=s.optimizer_s, ep_comm_s=s.ep_s,
+        tp_comm_s=s.tp_s, cp_comm_s=s.cp_s,
+        memory={k: s.memory[k] / GIB for k in MEMORY_KEYS}, params=s.params.total,
+    )

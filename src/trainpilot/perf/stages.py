@@ -1,0 +1,161 @@
+"""The plain records the cost model passes around: a plan's Layout, per-stage numbers, the
+full Costing, and how layers add into a stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainpilot.perf.layer import LayerCost
+from trainpilot.perf.memory import RankParams
+from trainpilot.perf.topology import GroupSpan
+from trainpilot.specs import ModelSpec, Plan, stage_layers
+
+OPT_BYTES_PER_PARAM = 34.0  # Adam: read master, grad, m, v; write master, m, v, 16-bit copy; norm
+ZB_BUBBLE = 1.0 / 3.0
+BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm_exposed",
+                  "ep_comm", "cp_comm", "optimizer")
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The plan fields the cost model reads, as plain values."""
+
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    cp: int
+    vp: int
+    zero: int
+    micro_batch_size: int
+    global_batch_size: int
+    seq_len: int
+    recompute: str
+    sequence_parallel: bool
+    precision: str
+    schedule: str
+    stage_layers: tuple[int, ...]
+    dp_shard: int | None = None
+    overlap: bool = True
+    hierarchical: bool = False
+    bucket_mb: float = 25.0
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+def layout_of(model: ModelSpec, plan: Plan) -> Layout:
+    """A plan's Layout (raises SpecError when its layers cannot be split over the stages)."""
+    return Layout(
+        tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, cp=plan.cp, vp=plan.vp, zero=plan.zero,
+        micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,
+        seq_len=plan.seq_len, recompute=plan.recompute, sequence_parallel=plan.sequence_parallel,
+        precision=plan.precision, schedule=str(plan.pp_schedule),
+        stage_layers=tuple(stage_layers(model, plan)), dp_shard=plan.dp_shard,
+        overlap=plan.comm.overlap, hierarchical=plan.comm.hierarchical,
+        bucket_mb=plan.comm.bucket_mb,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sig:
+    """What makes pipeline ranks cost the same: their layers and whether they hold the
+    embedding (first) or the output layer (last)."""
+
+    ids: tuple[int, ...]
+    n_moe: int
+    first: bool
+    last: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Sigs:
+    """The distinct signatures of a split, where each first occurs, how many ranks share it,
+    and how many ranks of each signature come before that first occurrence."""
+
+    sigs: tuple[_Sig, ...]
+    of_stage: tuple[int, ...]
+    first_index: tuple[int, ...]
+    count: tuple[int, ...]
+    before: tuple[tuple[int, ...], ...]
+
+
+@dataclass(slots=True)
+class StageNumbers:
+    """One pipeline rank's numbers (seconds per micro-batch unless said otherwise; bytes)."""
+
+    index: int
+    layers: int
+    params: RankParams
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0  # includes recompute
+    fsdp_fwd_s: float = 0.0  # per micro-batch, ZeRO-3 gathers not hidden by the forward
+    fsdp_bwd_s: float = 0.0  # per micro-batch, ZeRO-2/3 traffic not hidden by the backward
+    compute_s: float = 0.0
+    recompute_s: float = 0.0
+    tp_s: float = 0.0
+    ep_s: float = 0.0
+    cp_s: float = 0.0
+    p2p_s: float = 0.0
+    dp_comm_s: float = 0.0  # per step, if nothing overlapped
+    dp_tail_rs_s: float = 0.0  # gradient traffic left after the backward overlap
+    dp_tail_ag_s: float = 0.0  # parameter gathers left after the forward overlap
+    dp_exposed_s: float = 0.0  # per step, after overlap and pipeline slack
+    optimizer_s: float = 0.0
+    bucket_bytes: tuple[int, ...] = ()
+    static_bytes: float = 0.0  # weights + grads + optimizer + other
+    act_bytes: float = 0.0  # per in-flight micro-batch (the stage's layers)
+    act_edge_bytes: float = 0.0  # output-layer activations (last stage), held once
+    memory: dict[str, float] = field(default_factory=dict)  # bytes
+
+    @property
+    def fsdp_exposed_s(self) -> float:
+        return self.fsdp_fwd_s + self.fsdp_bwd_s
+
+    @property
+    def period_s(self) -> float:
+        return self.fwd_s + self.bwd_s + self.fsdp_fwd_s + self.fsdp_bwd_s
+
+
+@dataclass(slots=True)
+class Costing:
+    """Everything ``predict`` reports, as numbers."""
+
+    layout: Layout
+    stages: list[StageNumbers]
+    step_time_s: float
+    breakdown_s: dict[str, float]
+    peak_bytes: float
+    peak_stage: int
+    model_flops_per_step: float
+    hardware_flops_per_step: float
+    peak_flops: float
+    hbm_bytes: float
+    spans: dict[str, GroupSpan]
+
+
+_MODE_INDEX = {"none": 0, "selective": 1, "full": 2}
+
+
+def _add_layers(st: StageNumbers, layer: LayerCost, count: int, mode: str) -> None:
+    rc, rt, re = layer.recompute_s(mode)
+    st.fwd_s += count * layer.fwd_s
+    st.bwd_s += count * layer.bwd_s(mode)
+    st.compute_s += count * (layer.fwd_compute_s + layer.bwd_compute_s)
+    st.recompute_s += count * rc
+    st.tp_s += count * (layer.tp_fwd_s + layer.tp_bwd_s + rt)
+    st.ep_s += count * (layer.ep_fwd_s + layer.ep_bwd_s + re)
+    st.cp_s += count * (layer.cp_fwd_s + layer.cp_bwd_s)
+
+
+def _add_edges(st: StageNumbers, edges: tuple[float, float, float, float]) -> None:
+    f, b, tf, tb = edges
+    st.fwd_s += f + tf
+    st.bwd_s += b + tb
+    st.compute_s += f + b
+    st.tp_s += tf + tb

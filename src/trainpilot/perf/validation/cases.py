@@ -1,0 +1,145 @@
+"""Validation cases: each published or measured row as (model, cluster, plan, options,
+measured value, what is compared, calibration or held-out).
+
+The calibration split is fixed by one rule: the vTrain rows with an even row index (0-based,
+file order) in each of the two CSVs. Every other row - the odd vTrain rows and every paper row
+(Narayanan, Korthikanti) - is held out. (A first rule, single-node rows only, could not identify
+the efficiency of the large GEMMs that 3.6-175B models run; see docs/cost_model.md.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainpilot.perf.options import CostOptions
+from trainpilot.perf.validation import vtrain
+from trainpilot.specs import ClusterSpec, ModelSpec, Plan, load_cluster
+
+CALIBRATION, HELD_OUT = "calibration", "held_out"
+# The software of 2021-2022 Megatron(-DeepSpeed): unfused attention, dropout 0.1.
+LEGACY = CostOptions(flash_attention=False, dropout=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One row to predict. ``metric`` is what ``measured`` is: step_time_s, tflops_per_gpu
+    (Narayanan's recompute-inclusive count), weights_optimizer_gib or activations_gib."""
+
+    dataset: str
+    label: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: Plan
+    options: CostOptions
+    metric: str
+    measured: float
+    split: str
+    source: str
+
+
+@lru_cache(maxsize=1)
+def published() -> dict[str, Any]:
+    text = resources.files("trainpilot.perf.validation").joinpath("published.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+@lru_cache(maxsize=None)
+def gpt(layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
+    """A Megatron GPT: learned positions, LayerNorm, biased linears, GELU MLP of width 4h."""
+    return ModelSpec(name=f"gpt-{layers}x{hidden}", num_hidden_layers=layers, hidden_size=hidden,
+                     num_attention_heads=heads, intermediate_size=4 * hidden, vocab_size=vocab,
+                     activation="gelu", norm="layernorm", bias=True,
+                     position_embedding="learned", max_position_embeddings=seq)
+
+
+@lru_cache(maxsize=None)
+def a100_cluster(gpus: int, inter_node_gbytes: float | None = None) -> ClusterSpec:
+    cluster = load_cluster(f"a100-80gb-x{gpus}")
+    if inter_node_gbytes is None or cluster.num_nodes == 1:
+        return cluster
+    net = cluster.network
+    return cluster.replace(network=net.replace(
+        inter_node=net.inter_node.replace(gbytes_per_s=inter_node_gbytes),
+        inter_rack=(net.inter_rack or net.inter_node).replace(gbytes_per_s=inter_node_gbytes),
+    ))
+
+
+def narayanan_cases() -> list[Case]:
+    data = published()["narayanan2021"]
+    out = []
+    for params, heads, hidden, layers, tp, pp, gpus, batch, tflops in data["rows"]:
+        plan = Plan(tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch_size=1,
+                    global_batch_size=batch, seq_len=2048, recompute="full", precision="fp16",
+                    zero=0, comm=dict(overlap=False))
+        out.append(Case(dataset="narayanan2021", label=f"{params}B t{tp} p{pp} {gpus} GPUs",
+                        model=gpt(layers, hidden, heads), cluster=a100_cluster(gpus),
+                        plan=plan, options=LEGACY, metric="tflops_per_gpu",
+                        measured=float(tflops), split=HELD_OUT, source=data["source"]))
+    return out
+
+
+def _korthikanti_plan(tp: int, pp: int, gbs: int, mb: int, vp: int, mode: str) -> Plan:
+    sp = mode == "sp_selective"
+    return Plan(tp=tp, pp=pp, dp=1, vp=vp, micro_batch_size=mb, global_batch_size=gbs,
+                seq_len=2048, recompute="selective" if sp else ("none" if mode == "none" else
+                                                                 "full"),
+                sequence_parallel=sp, precision="bf16", zero=0, comm=dict(overlap=False))
+
+
+def korthikanti_cases() -> list[Case]:
+    time_data = published()["korthikanti2022_time"]
+    setups, out = {}, []
+    for name, heads, hidden, layers, tp, pp, gpus, gbs, mb, vp, mode, seconds in time_data["rows"]:
+        setups[name] = (heads, hidden, layers, tp, pp, gpus, gbs, mb, vp)
+        out.append(Case(dataset="korthikanti2022", label=f"{name} {mode}",
+                        model=gpt(layers, hidden, heads), cluster=a100_cluster(gpus),
+                        plan=_korthikanti_plan(tp, pp, gbs, mb, vp, mode), options=LEGACY,
+                        metric="step_time_s", measured=float(seconds), split=HELD_OUT,
+                        source=time_data["source"]))
+    mem_data = published()["korthikanti2022_memory"]
+    for name, quantity, gib in mem_data["rows"]:
+        heads, hidden, layers, tp, pp, gpus, gbs, mb, vp = setups[name]
+        mode = {"weights_optimizer": "full", "activations_none": "none",
+                "activations_sp_selective": "sp_selective"}[quantity]
+        metric = "weights_optimizer_gib" if quantity == "weights_optimizer" else "activations_gib"
+        out.append(Case(dataset="korthikanti2022_memory", label=f"{name} {quantity}",
+                        model=gpt(layers, hidden, heads), cluster=a100_cluster(gpus),
+                        plan=_korthikanti_plan(tp, pp, gbs, mb, vp, mode), options=LEGACY,
+                        metric=metric, measured=float(gib), split=HELD_OUT,
+                        source=mem_data["source"]))
+    return out
+
+
+def vtrain_cases(folder: Path | None) -> list[Case]:
+    """vTrain rows as cases ([] when the folder is absent)."""
+    if folder is None:
+        return []
+    out = []
+    for row in vtrain.read_rows(folder):
+        multiple = 128 * row.tp
+        vocab = -(-vtrain.VOCAB // multiple) * multiple
+        inter = vtrain.INTER_NODE_GBYTES_PER_GPU if row.dataset == "vtrain_multi" else None
+        plan = Plan(tp=row.tp, pp=row.pp, dp=row.dp, micro_batch_size=row.micro_batch,
+                    global_batch_size=row.global_batch, seq_len=row.seq_len, recompute="full",
+                    precision="fp16", zero=0, comm=dict(overlap=False))
+        split = CALIBRATION if row.index % 2 == 0 else HELD_OUT
+        label = (f"#{row.index} h{row.hidden} l{row.layers} t{row.tp} p{row.pp} d{row.dp} "
+                 f"mb{row.micro_batch} gbs{row.global_batch}")
+        out.append(Case(dataset=row.dataset, label=label,
+                        model=gpt(row.layers, row.hidden, row.heads, vocab, row.seq_len),
+                        cluster=a100_cluster(row.gpus, inter), plan=plan, options=LEGACY,
+                        metric="step_time_s", measured=row.iteration_s, split=split,
+                        source="vTrain (Bang et al., MICRO'24), " + vtrain.FILES[row.dataset]))
+    return out
+
+
+def all_cases(vtrain_dir: Path | None = None, *, find_vtrain: bool = True) -> list[Case]:
+    """Every case: the paper rows always, the vTrain rows when their folder is found."""
+    folder = vtrain_dir or (vtrain.locate() if find_vtrain else None)
+    return narayanan_cases() + korthikanti_cases() + vtrain_cases(folder)

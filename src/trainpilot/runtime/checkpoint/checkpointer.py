@@ -1,0 +1,343 @@
+"""The Checkpointer: save a training state in one call, restore the newest intact one in one.
+
+    ckpt = Checkpointer(CheckpointConfig(root_dir="runs/x/ckpt"), process_group=pg)
+    handle = ckpt.save(step, trainer.state_dict())      # blocks only for the host snapshot
+    ...
+    restored = ckpt.restore_latest(trainer.state_dict())  # memory first, then storage
+    if restored is not None:
+        trainer.load_state_dict(restored.state)
+
+``state`` is global: plain tensors are replicated across ranks (each written once), DTensors
+are sharded (each rank writes its shard; DCP reshards on load), non-tensor leaves must be the
+same on every rank (rank 0's are stored). ``rank_state`` holds what differs per rank (a per-rank
+sampler cursor); RNG states of every rank are captured and restored automatically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import timedelta
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch.distributed as dist
+
+from trainpilot.runtime.checkpoint import codec, layout, restore
+from trainpilot.runtime.checkpoint.config import (
+    CheckpointConfig,
+    CheckpointWriteError,
+    Restored,
+    SaveReport,
+)
+from trainpilot.runtime.checkpoint.peer import MemoryTier, default_offset, ring_exchange
+from trainpilot.runtime.checkpoint.rng import capture_rng_state, restore_rng_state
+from trainpilot.runtime.checkpoint.snapshot import HostSnapshot, restore_tensors, take_snapshot
+from trainpilot.runtime.checkpoint.storage import CheckpointWriter, index_from_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class SaveHandle:
+    """A save in flight. ``stall_s`` is what the caller paid; :meth:`result` waits for the
+    peer copy and the storage write and returns the :class:`SaveReport` (or raises
+    :class:`CheckpointWriteError`)."""
+
+    step: int
+    stall_s: float
+    wait_s: float
+    future: Future
+    error_seen: bool = False  # the caller got the error from result(): do not raise it again
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self, timeout: float | None = None) -> SaveReport:
+        try:
+            return self.future.result(timeout)
+        except CheckpointWriteError:
+            self.error_seen = True
+            raise
+
+
+class Checkpointer:
+    """Async, incremental, verified checkpoints with an in-memory peer tier (see module doc).
+
+    ``process_group``: the ranks that checkpoint together (default: the world); the
+    checkpointer builds its own gloo group over them, so its background collectives never
+    interleave with training's. Construction is collective: over the world, every rank
+    constructs it (in the same order as its other ``new_group`` calls); over a subgroup, its
+    members do. ``faults``: a FaultInjector, for tests and chaos runs.
+    """
+
+    def __init__(self, config: CheckpointConfig, *, process_group: Any = None,
+                 faults: Any = None):
+        self.config, self.faults = config, faults
+        self.root = config.root_dir
+        self.memory = MemoryTier()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tp-ckpt")
+        self._inflight: SaveHandle | None = None
+        self._base: dict | None = None  # sha256 -> location of the last committed checkpoint
+        self._base_name: str | None = None  # ... and that checkpoint's folder
+        self._num_storage_saves = 0
+        self.reports: deque[SaveReport] = deque(maxlen=256)  # the most recent saves
+        self.errors: list[CheckpointWriteError] = []
+        self.rebind(process_group)
+
+    # -- group -----------------------------------------------------------------------------
+    def rebind(self, process_group: Any = None) -> None:
+        """Build the checkpointer's group over ``process_group``'s ranks (after a group was
+        rebuilt, e.g. in-process recovery). Host-memory snapshots are kept; a save still in
+        flight on the old group gets ``config.drain_timeout_s`` to finish, then is abandoned."""
+        self._drain(raise_errors=False, timeout_s=self.config.drain_timeout_s)
+        self._destroy_group()
+        if dist.is_available() and dist.is_initialized():
+            pg = process_group if process_group is not None else dist.group.WORLD
+            ranks = dist.get_process_group_ranks(pg)
+            # Over the whole world: a counter-named group, unique even after a destroy. Over a
+            # subgroup only its members can call; torch names such groups by a hash of the
+            # ranks and the number of live groups, so a destroyed one's name (and its stale
+            # rendezvous keys) could come back: those are never destroyed.
+            self._owns_group = len(ranks) == dist.get_world_size()
+            timeout = timedelta(seconds=self.config.group_timeout_s)
+            if self._owns_group:
+                own = dist.new_group(backend="gloo", timeout=timeout)
+            else:
+                own = dist.new_group(ranks, backend="gloo", timeout=timeout,
+                                     use_local_synchronization=True)
+            self.group = restore.Group(pg=own, rank=dist.get_rank(own),
+                                       world_size=dist.get_world_size(own))
+        else:
+            self.group = restore.Group(pg=None, rank=0, world_size=1)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or None
+        self.peer_offset = self.config.peer_offset or default_offset(self.group.world_size,
+                                                                     local)
+
+    def _destroy_group(self) -> None:
+        group = getattr(self, "group", None)
+        if group is None or group.pg is None or not self._owns_group:
+            return
+        try:
+            dist.destroy_process_group(group.pg)
+        except (ValueError, RuntimeError):
+            pass  # already gone with the world it belonged to (destroyed after a failure)
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    # -- save ------------------------------------------------------------------------------
+    def save(self, step: int, state: Any, *, rank_state: Any = None,
+             to_storage: bool = True) -> SaveHandle:
+        """Snapshot ``state`` to host memory and return; the peer copy and (if
+        ``to_storage``) the storage write continue in the background. Collective: every rank
+        of the group calls it with the same step. At most one save is in flight: this call
+        first waits for the previous one."""
+        start = time.perf_counter()
+        self._drain(raise_errors=self.config.on_write_error == "raise")
+        waited = time.perf_counter() - start
+        rank_full = {"user": rank_state,
+                     "rng": capture_rng_state() if self.config.capture_rng else None}
+        reuse = self.memory.recyclable_own()
+        if reuse is not None:
+            self.memory.own.popleft()  # overwritten below; never keep a half-copied slot
+        snap = take_snapshot(step, state, rank_full, rank=self.rank,
+                             world_size=self.world_size, reuse=reuse)
+        self.memory.own.append(snap)
+        report = SaveReport(step=step, stall_s=0.0, wait_s=waited, snapshot_bytes=snap.nbytes,
+                            to_storage=to_storage)
+        if self.config.async_save:
+            future = self._executor.submit(self._write_job, snap, report)
+        else:
+            future = Future()
+            try:
+                future.set_result(self._write_job(snap, report))
+            except BaseException as err:  # noqa: BLE001 (CheckpointException is a BaseException)
+                future.set_exception(err)
+        # Measured after the hand-off: the writer thread may hold the GIL for a moment.
+        report.stall_s = stall = time.perf_counter() - start
+        self._inflight = SaveHandle(step=step, stall_s=stall, wait_s=waited, future=future)
+        return self._inflight
+
+    def wait(self) -> SaveReport | None:
+        """Block until the save in flight (if any) is done; returns its report."""
+        return self._drain(raise_errors=True)
+
+    def _drain(self, *, raise_errors: bool, timeout_s: float | None = None,
+               ) -> SaveReport | None:
+        handle, self._inflight = getattr(self, "_inflight", None), None
+        if handle is None:
+            return None
+        seen = handle.error_seen
+        try:
+            return handle.result(timeout_s)
+        except FutureTimeout:
+            # Stuck in a collective with a dead peer: the thread cannot be killed, so leave it
+            # to fail when its group goes away and give later saves a fresh writer thread.
+            log.warning("abandoning the save of step %d (still running after %.0f s)",
+                        handle.step, timeout_s)
+            self._executor.shutdown(wait=False)
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tp-ckpt")
+            return None
+        except CheckpointWriteError as err:
+            self.errors.append(err)
+            if raise_errors and not seen:
+                raise
+            log.warning("%s", err)
+            return None
+
+    def _write_job(self, snap: HostSnapshot, report: SaveReport) -> SaveReport:
+        try:
+            if self.config.in_memory_peer and self.world_size > 1:
+                t = time.perf_counter()
+                ring_exchange(self.memory, snap, group=self.group.pg, offset=self.peer_offset)
+                report.exchange_s = time.perf_counter() - t
+            if report.to_storage:
+                t = time.perf_counter()
+                self._write_storage(snap, report)
+                report.write_s = time.perf_counter() - t
+        except CheckpointWriteError:
+            raise
+        except Exception as err:  # a failed peer exchange, a bad state, ...
+            raise CheckpointWriteError(snap.step, {self.rank: err}) from err
+        self.reports.append(report)
+        return report
+
+    def _write_storage(self, snap: HostSnapshot, report: SaveReport) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        cfg = self.config
+        full = (not cfg.incremental or self._base is None
+                or self._num_storage_saves % cfg.full_every == 0)
+        writer = CheckpointWriter(
+            root=self.root, step=snap.step, compression="zstd" if cfg.compress else "raw",
+            zstd_level=cfg.zstd_level, max_file_bytes=cfg.max_file_bytes,
+            base=None if full else self._base, base_name=self._base_name, faults=self.faults,
+        )
+        state = snap.dcp_state(rank=self.rank, is_coordinator=self.rank == 0)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*assuming the intent is to")
+                dcp.save(state, storage_writer=writer, process_group=self.group.pg,
+                         no_dist=self.group.pg is None)
+        except CheckpointException as err:
+            if self.rank == 0:
+                layout.remove_uncommitted(self.root)  # the torn folder is garbage
+            failures = {r: (e[0] if isinstance(e, tuple) else e) for r, e in err.failures.items()}
+            raise CheckpointWriteError(snap.step, failures) from None
+        self._num_storage_saves += 1
+        self._base = writer.index if cfg.incremental else None
+        self._base_name = writer.name
+        report.incremental = writer.used_base
+        report.path = str(self.root / writer.name)
+        report.bytes_raw = writer.stats.bytes_raw
+        report.bytes_written = writer.stats.bytes_written
+        report.bytes_referenced = writer.stats.bytes_referenced
+        if self.rank == 0:
+            report.manifest_stats = dict(writer.manifest_body["stats"])
+            report.removed = layout.apply_retention(self.root, keep_last=cfg.keep_last,
+                                                    keep_every=cfg.keep_every)
+
+    # -- restore ---------------------------------------------------------------------------
+    def restore_latest(self, template: Any = None, *,
+                       source: Literal["auto", "memory", "storage"] = "auto",
+                       restore_rng: bool = True, strict: bool = True) -> Restored | None:
+        """Restore the newest intact checkpoint; None when there is none anywhere.
+
+        Collective over the group. ``template``: a state of the same structure whose tensors
+        (DTensors included) are filled in place; tensors it lacks are allocated. With
+        ``strict``, a template tensor the checkpoint lacks is an error. Memory wins a tie with
+        storage; a damaged storage checkpoint is skipped for the next older one.
+        """
+        start = time.perf_counter()
+        self._drain(raise_errors=False, timeout_s=self.config.drain_timeout_s)
+        _, flat_template = codec.split_state(template if template is not None else {},
+                                             root="template")
+        skipped: list[str] = []
+        candidates = ([] if source == "memory"
+                      else restore.storage_candidates(self.root, self.group))
+        plan = None if source == "storage" else restore.memory_plan(self.memory, self.group)
+        mem_step = plan.step if plan is not None else -1
+        for step, name in candidates:
+            if step <= mem_step:
+                break
+            found = self._try_storage(name, flat_template, strict, skipped)
+            if found is not None:
+                return self._finish(found, "storage", start, restore_rng, skipped)
+        if plan is not None:
+            snap = restore.fetch_memory(self.memory, plan, self.group)
+            if self.group.all_true(restore.fits(snap, flat_template, strict=strict)):
+                state_t, rank_t = restore_tensors(snap, flat_template)
+                state = codec.join_state(codec.loads(snap.global_tree), state_t)
+                rank_state = codec.join_state(codec.loads(snap.rank_tree), rank_t)
+                found = (snap.step, state, rank_state, None, snap.world_size)
+                return self._finish(found, "memory", start, restore_rng, skipped)
+            skipped.append(f"memory step {plan.step}: layout differs from the template")
+        for step, name in candidates:
+            if step <= mem_step:
+                found = self._try_storage(name, flat_template, strict, skipped)
+                if found is not None:
+                    return self._finish(found, "storage", start, restore_rng, skipped)
+        return None
+
+    def _try_storage(self, name: str, template: dict, strict: bool, skipped: list[str]):
+        body, reason = restore.verify(self.root, name, self.group, check_files=self.config.verify)
+        if body is None:
+            skipped.append(f"{name}: {reason}")
+            log.warning("skipping checkpoint %s: %s", name, reason)
+            return None
+        state, rank_state = restore.load_storage(self.root, body, template, self.group,
+                                                 strict=strict, chunks_verified=self.config.verify)
+        self._base = index_from_manifest(body) if self.config.incremental else None
+        self._base_name = name
+        return body["step"], state, rank_state, str(self.root / name), body["world_size"]
+
+    def _finish(self, found: tuple, source: str, start: float, restore_rng: bool,
+                skipped: list[str]) -> Restored:
+        step, state, rank_state, path, saved_world = found
+        if source == "memory":
+            self._base = None  # the next storage save is a full one
+        self.memory.drop_after(step)
+        if self.rank == 0:
+            layout.remove_uncommitted(self.root)
+            if path is not None and layout.read_latest(self.root) != layout.step_dir_name(step):
+                layout.write_latest(self.root, layout.step_dir_name(step))  # repair the pointer
+        rng = (rank_state or {}).get("rng") if isinstance(rank_state, dict) else None
+        if restore_rng and rng is not None:
+            restore_rng_state(rng)
+        user = rank_state.get("user") if isinstance(rank_state, dict) else None
+        return Restored(step=step, state=state, rank_state=user, source=source, path=path,
+                        saved_world_size=saved_world, restore_s=time.perf_counter() - start,
+                        rng_restored=restore_rng and rng is not None, skipped=skipped)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def drop_memory(self) -> None:
+        """Forget every host-memory snapshot (what a process restart does)."""
+        self.memory.clear()
+
+    def close(self) -> None:
+        """Wait for the save in flight, stop the writer thread and destroy the checkpointer's
+        group (every member must close, as they all built it)."""
+        try:
+            # No timeout: a healthy write may be long; a stuck one fails at the group timeout.
+            self._drain(raise_errors=False)
+        finally:
+            self._executor.shutdown(wait=False)
+            self._destroy_group()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

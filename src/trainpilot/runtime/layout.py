@@ -1,0 +1,210 @@
+"""A Plan as a DeviceMesh with named axes, and the rules for what runs on which backend.
+
+Mesh axes, outer to inner: ``pp``, then data parallel, then ``tp``. Data parallel is one axis
+``dp``, or two that flatten into ``dp``: ``edp`` x ``ep`` with expert parallelism (experts are
+sharded over ``ep`` and replicated over ``edp``), or ``dp_replicate`` x ``dp_shard`` for hybrid
+sharding (HSDP). The :class:`Layout` is passed explicitly to everything that needs a group; there
+is no global process-group singleton.
+"""
+
+from __future__ import annotations
+
+import os
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainpilot.specs import ModelSpec, Plan, SpecError, check_job
+
+# What the reference runtime refuses, and why; the docs' table is generated from the same rules.
+GPU_ONLY_PRECISIONS = {"fp8": "fp8 training needs torchao float8 kernels on H100-class GPUs, "
+                              "which the reference runtime does not wire in",
+                       "fp16": "fp16 needs dynamic loss scaling, which the reference runtime "
+                               "does not implement"}
+
+
+def default_backend() -> str:
+    """nccl with CUDA, hccl with an Ascend NPU (torch_npu), else gloo."""
+    if torch.cuda.is_available():
+        return "nccl"
+    try:
+        import torch_npu  # noqa: F401  (registers the "npu" device and the hccl backend)
+
+        if torch.npu.is_available():  # type: ignore[attr-defined]
+            return "hccl"
+    except ImportError:
+        pass
+    return "gloo"
+
+
+def device_for(backend: str, local_rank: int) -> torch.device:
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if backend == "hccl":
+        torch.npu.set_device(local_rank)  # type: ignore[attr-defined]
+        return torch.device("npu", local_rank)
+    return torch.device("cpu")
+
+
+def check_runtime(model: ModelSpec | None, plan: Plan, *, backend: str,
+                  world_size: int | None = None, custom_model: bool = False) -> None:
+    """Raise SpecError (before any process starts) for a plan this runtime cannot execute on
+    ``backend`` with ``world_size`` processes. ``model`` None: a user's own module."""
+    if custom_model and (plan.tp > 1 or plan.pp > 1 or plan.ep > 1):
+        raise SpecError("plan", f"tp={plan.tp}, pp={plan.pp}, ep={plan.ep}",
+                        "a custom nn.Module factory runs data parallel only (DDP/FSDP2); "
+                        "valid: tp=pp=ep=1")
+    if world_size is not None and plan.world_size != world_size:
+        raise SpecError("plan.dp*tp*pp*cp", plan.world_size,
+                        f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} must equal the "
+                        f"{world_size} processes launched (nnodes x nproc-per-node)")
+    if model is not None:
+        check_job(model, None, plan)
+    if plan.cp > 1:
+        raise SpecError("plan.cp", plan.cp, "context parallelism is not implemented by the "
+                        "reference runtime (torch's context_parallel needs CUDA SDPA kernels); "
+                        "valid: 1")
+    if plan.precision in GPU_ONLY_PRECISIONS:
+        raise SpecError("plan.precision", plan.precision,
+                        GPU_ONLY_PRECISIONS[plan.precision] + "; valid: bf16")
+    if model is not None:
+        _check_model_rules(model, plan)
+    _check_pipeline(plan)
+    if plan.ep > 1 and plan.dp_shard is not None:
+        raise SpecError("plan.dp_shard", plan.dp_shard, "hybrid sharding with expert "
+                        "parallelism is not supported; valid: unset dp_shard when ep > 1")
+    if backend not in ("gloo", "nccl", "hccl", "fake"):  # fake: --dry-run's process group
+        raise SpecError("backend", backend, "valid: gloo, nccl, hccl")
+
+
+def _check_model_rules(model: ModelSpec, plan: Plan) -> None:
+    if model.mla is not None:
+        raise SpecError("model.mla", "set", "multi-head latent attention is not in the reference "
+                        "model; valid: a GQA/MHA model")
+    if model.tie_word_embeddings and (plan.tp > 1 or plan.pp > 1):
+        raise SpecError("model.tie_word_embeddings", True, "tied embeddings need tp=1 and pp=1 "
+                        "in the reference runtime (no first/last-stage embedding all-reduce)")
+    if model.is_moe and plan.tp > 1:
+        raise SpecError("plan.tp", plan.tp, "the reference MoE model has no expert tensor "
+                        "parallelism; valid: tp=1 with MoE (shard experts with ep)")
+    if plan.sequence_parallel and model.position_embedding == "learned":
+        raise SpecError("plan.sequence_parallel", True, "needs RoPE; learned position embeddings "
+                        "are added to the sequence-sharded activations")
+
+
+def _check_pipeline(plan: Plan) -> None:
+    if plan.pp == 1:
+        return
+    n = plan.num_micro_batches
+    if plan.pp_schedule in ("1f1b", "interleaved", "zero_bubble") and n < plan.pp:
+        raise SpecError("plan.global_batch_size", plan.global_batch_size,
+                        f"gives {n} micro-batches per pipeline; {plan.pp_schedule} needs at least "
+                        f"pp={plan.pp} (global_batch_size >= micro_batch_size * dp * pp)")
+    if plan.vp > 1:
+        rounds = max(1, n // plan.pp)
+        if n % rounds:
+            raise SpecError("plan.global_batch_size", plan.global_batch_size,
+                            f"interleaved schedules need micro-batches ({n}) divisible by "
+                            f"max(1, micro-batches // pp) = {rounds}")
+
+
+def mesh_axes(plan: Plan) -> tuple[list[str], list[int], dict[str, tuple[str, ...]]]:
+    """(axis names, sizes, flattened axes) for the plan's mesh."""
+    if plan.ep > 1:
+        data = [("edp", plan.dp // plan.ep), ("ep", plan.ep)]
+    elif plan.dp_shard is not None:
+        data = [("dp_replicate", plan.dp // plan.dp_shard), ("dp_shard", plan.dp_shard)]
+    else:
+        data = [("dp", plan.dp)]
+    axes = [("pp", plan.pp), *data, ("tp", plan.tp)]
+    flat = {"dp": tuple(name for name, _ in data)} if len(data) > 1 else {}
+    return [a for a, _ in axes], [s for _, s in axes], flat
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """Where this process sits in the plan: its rank, device, backend and the named mesh.
+
+    ``mesh`` is None in a single process without a process group; every group is then None
+    and every axis coordinate 0.
+    """
+
+    plan: Plan
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    device: torch.device = torch.device("cpu")
+    mesh: Any = None  # torch.distributed.device_mesh.DeviceMesh
+    # Flattened axes ("dp" from edp x ep or dp_replicate x dp_shard), kept by reference: slicing
+    # them from the root mesh is deprecated.
+    flat_meshes: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def size(self, axis: str) -> int:
+        """Size of a mesh axis: pp, dp, tp, ep, edp, dp_replicate, dp_shard."""
+        plan = self.plan
+        sizes = dict(pp=plan.pp, dp=plan.dp, tp=plan.tp, ep=plan.ep, edp=plan.dp // plan.ep,
+                     dp_shard=plan.dp_shard or plan.dp,
+                     dp_replicate=plan.dp // (plan.dp_shard or plan.dp))
+        return sizes[axis]
+
+    def coord(self, axis: str) -> int:
+        """This rank's index along ``axis`` (0 when the axis has size 1 or there is no mesh)."""
+        if self.mesh is None or self.size(axis) == 1:
+            return 0
+        return self.submesh(axis).get_local_rank()
+
+    def submesh(self, axis: str):
+        """The 1-D mesh of ``axis`` (None without a mesh)."""
+        if self.mesh is None:
+            return None
+        return self.flat_meshes[axis] if axis in self.flat_meshes else self.mesh[axis]
+
+    def group(self, axis: str):
+        """The process group of ``axis``; None when it has size 1 (nothing to communicate)."""
+        if self.mesh is None or self.size(axis) == 1:
+            return None
+        return self.submesh(axis).get_group()
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coord("dp")
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coord("pp")
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.mesh is not None
+
+    def describe(self) -> dict[str, Any]:
+        names, sizes, _ = mesh_axes(self.plan)
+        return dict(rank=self.rank, world_size=self.world_size, backend=self.backend,
+                    device=str(self.device), mesh=dict(zip(names, sizes)))
+
+
+def build_layout(plan: Plan, *, model: ModelSpec | None = None, custom_model: bool = False
+                 ) -> Layout:
+    """The layout of this process. With torch.distributed initialised: a named DeviceMesh over
+    the world (``plan.world_size`` must equal it); otherwise a single-process layout."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        check_runtime(model, plan, backend="gloo", world_size=1, custom_model=custom_model)
+        return Layout(plan=plan)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    backend = dist.get_backend()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    check_runtime(model, plan, backend=str(backend), world_size=world, custom_model=custom_model)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = device_for(str(backend), local_rank)
+    names, sizes, flat = mesh_axes(plan)
+    mesh = init_device_mesh(device.type, tuple(sizes), mesh_dim_names=tuple(names))
+    flat_meshes = {name: mesh[parts]._flatten(name) for name, parts in flat.items()}
+    return Layout(plan=plan, rank=rank, world_size=world, local_rank=local_rank,
+                  backend=str(backend), device=device, mesh=mesh, flat_meshes=flat_meshes)

@@ -1,0 +1,113 @@
+"""Optimizer pieces a user can call from their own loop: AdamW with decay/no-decay groups,
+warmup + cosine learning rate, and a global gradient norm / clip that is correct under every
+layout (DTensor shards, expert shards, pipeline stages)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+class WarmupCosine:
+    """LR multiplier: linear warmup 0 -> 1 over ``warmup_steps``, then cosine to ``min_ratio`` at
+    ``total_steps``; a picklable object so ``LambdaLR.state_dict`` keeps it."""
+
+    def __init__(self, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.1):
+        if warmup_steps < 0 or total_steps < 1 or not 0 <= min_ratio <= 1:
+            raise ValueError("need warmup_steps >= 0, total_steps >= 1, 0 <= min_ratio <= 1")
+        self.warmup_steps, self.total_steps, self.min_ratio = warmup_steps, total_steps, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        span = max(1, self.total_steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return isinstance(t, DTensor)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def build_optimizer(named_params: Iterable[tuple[str, nn.Parameter]], *, lr: float,
+                    weight_decay: float, betas: tuple[float, float] = (0.9, 0.95),
+                    eps: float = 1e-8) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices only (not norms, biases). Groups never mix DTensor and
+    plain tensors (expert weights), which the foreach kernels refuse."""
+    groups: dict[tuple[bool, bool], list[nn.Parameter]] = defaultdict(list)
+    for _, p in named_params:
+        if p.requires_grad:
+            groups[(p.ndim >= 2, _is_dtensor(p))].append(p)
+    param_groups = [dict(params=ps, weight_decay=weight_decay if decay else 0.0)
+                    for (decay, _), ps in sorted(groups.items())]
+    return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps)
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, total_steps: int,
+                       min_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, WarmupCosine(warmup_steps=warmup_steps, total_steps=total_steps,
+                                min_ratio=min_ratio))
+
+
+def global_grad_norm(params: list[nn.Parameter], *, expert_params: list[nn.Parameter] = (),
+                     ep_group=None, pp_group=None) -> torch.Tensor:
+    """The L2 norm of the whole model's gradient, identical on every rank.
+
+    DTensor gradients (TP, FSDP) are reduced over their mesh; expert gradients (disjoint over
+    ``ep``) are summed over ``ep_group``; pipeline stages are summed over ``pp_group``.
+    Replicated plain gradients count once.
+    """
+    expert_ids = {id(p) for p in expert_params}
+    by_mesh: dict[object, list[torch.Tensor]] = defaultdict(list)
+    plain, expert = [], []
+    for p in params:
+        if p.grad is None:
+            continue
+        if id(p) in expert_ids:
+            expert.append(p.grad)
+        elif _is_dtensor(p.grad):
+            by_mesh[(p.grad.device_mesh, tuple(p.grad.placements))].append(p.grad)
+        else:
+            plain.append(p.grad)
+    device = _local(params[0]).device if params else torch.device("cpu")
+    squared = torch.zeros((), device=device, dtype=torch.float32)
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads)
+        squared = squared + (norm.full_tensor() if _is_dtensor(norm) else norm).float() ** 2
+    if plain:
+        squared = squared + torch.nn.utils.get_total_norm(plain).float() ** 2
+    if ep_group is not None:
+        part = (torch.nn.utils.get_total_norm(expert).float() ** 2 if expert
+                else torch.zeros((), device=device))
+        dist.all_reduce(part, group=ep_group)
+        squared = squared + part
+    elif expert:
+        squared = squared + torch.nn.utils.get_total_norm(expert).float() ** 2
+    if pp_group is not None:
+        dist.all_reduce(squared, group=pp_group)
+    return squared.sqrt()
+
+
+def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, **groups) -> torch.Tensor:
+    """Scale gradients so their global norm is at most ``max_norm`` (None: only measure);
+    returns the norm before clipping. ``groups``: as :func:`global_grad_norm`."""
+    total = global_grad_norm(params, **groups)
+    if max_norm is not None and max_norm > 0:
+        with_grad = [p for p in params if p.grad is not None]
+        # Separate calls: one foreach kernel cannot mix DTensor and plain tensors.
+        for kind in (True, False):
+            subset = [p for p in with_grad if _is_dtensor(p.grad) == kind]
+            if subset:
+                torch.nn.utils.clip_grads_with_norm_(subset, max_norm, total)
+    return total

@@ -1,0 +1,426 @@
+"""``RunStore``: the SQLite database in a run directory (WAL mode, one writer, many readers).
+
+Durability contract: metrics and rank timings are buffered and written in batches, one
+transaction per batch; events, documents, forecasts and knowledge rows are committed at once.
+A SIGKILL loses at most the batch not yet flushed and never corrupts the file: SQLite's WAL
+makes every commit atomic, and with ``synchronous=NORMAL`` a committed transaction survives the
+death of the process (not a power cut; pass ``durable=True`` for ``synchronous=FULL``).
+Readers open the file with ``mode=ro`` and see every committed batch while training writes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import sqlite3
+import threading
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Protocol, Sequence
+
+from trainpilot.specs.errors import SpecError
+from trainpilot.store.schema import DDL, SCHEMA_VERSION, STORE_FILENAME
+
+
+class Exporter(Protocol):
+    """Receives every metric batch the writer logs (TensorBoard, Prometheus, ...)."""
+
+    def export(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One row of the events table; ``payload`` is the decoded JSON."""
+
+    id: int
+    time: float
+    step: int | None
+    kind: str
+    severity: str
+    name: str
+    message: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankTiming:
+    """Seconds one rank spent in one step. ``compute_s`` is measured before the gradient
+    collective: DDP's all-reduce evens out ``step_s`` across ranks, so stragglers show only
+    there."""
+
+    step: int
+    rank: int
+    step_s: float | None = None
+    compute_s: float | None = None
+    comm_s: float | None = None
+    data_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    run_id: str
+    name: str | None
+    status: str
+    started_time: float
+    ended_time: float | None
+    world_size: int
+    host: str | None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def store_path(run_dir: str | os.PathLike) -> Path:
+    """The database file of a run directory."""
+    return Path(run_dir) / STORE_FILENAME
+
+
+def _connect_writer(path: Path, *, durable: bool) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+    conn.executescript(DDL)
+    return conn
+
+
+def _num(value: Any) -> float | None:
+    """SQLite has no NaN: store it as NULL (read back as NaN)."""
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _val(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+class RunStore:
+    """A run's store. Build with :meth:`create` (the writer, rank 0) or :meth:`open_readonly`."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, *, writable: bool, run_id: str,
+                 flush_every_steps: int = 200, flush_interval_s: float = 2.0):
+        self._conn = conn
+        self.path = path
+        self.writable = writable
+        self.run_id = run_id
+        self.flush_every_steps = flush_every_steps
+        self.flush_interval_s = flush_interval_s
+        self.flushed_step: int | None = None  # last metrics step known to be committed
+        self.resumed = False
+        self._lock = threading.RLock()
+        self._pending_metrics: list[tuple] = []
+        self._pending_timings: list[tuple] = []
+        self._pending_steps: dict[int, float] = {}  # step -> time first logged
+        self._last_flush = time.monotonic()
+        self._exporters: list[Exporter] = []
+
+    # ----------------------------------------------------------------------------- opening
+    @classmethod
+    def create(cls, run_dir: str | os.PathLike, *, name: str | None = None, world_size: int = 1,
+               info: Mapping[str, Any] | None = None, flush_every_steps: int = 200,
+               flush_interval_s: float = 2.0, durable: bool = False) -> "RunStore":
+        """Open the run's store for writing, creating it if needed (rank 0 only).
+
+        Reopening an existing store (a restarted job) keeps its rows, marks the run running again
+        and records a ``restart`` event. ``flush_every_steps`` (>= 1) and ``flush_interval_s``
+        (> 0) bound how much a crash can lose: whichever is reached first flushes the batch.
+        """
+        if flush_every_steps < 1:
+            raise SpecError("flush_every_steps", flush_every_steps, "valid: an integer >= 1")
+        if not flush_interval_s > 0:
+            raise SpecError("flush_interval_s", flush_interval_s, "valid: seconds > 0")
+        path = store_path(run_dir)
+        conn = _connect_writer(path, durable=durable)
+        existing = conn.execute("SELECT run_id FROM runs LIMIT 1").fetchone()
+        now = time.time()
+        if existing:
+            run_id = existing[0]
+            conn.execute("UPDATE runs SET status='running', ended_time=NULL WHERE run_id=?",
+                         (run_id,))
+        else:
+            run_id = uuid.uuid4().hex[:12]
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
+            conn.execute("INSERT INTO runs VALUES (?, ?, 'running', ?, NULL, ?, ?, ?)",
+                         (run_id, name, now, world_size, socket.gethostname(),
+                          json.dumps(dict(info or {}))))
+        store = cls(conn, path, writable=True, run_id=run_id,
+                    flush_every_steps=flush_every_steps, flush_interval_s=flush_interval_s)
+        store.resumed = existing is not None
+        store.log_event("restart" if existing else "run_start", None,
+                        {"pid": os.getpid(), "world_size": world_size})
+        return store
+
+    @classmethod
+    def append(cls, run_dir: str | os.PathLike, *, status_if_new: str = "external") -> "RunStore":
+        """Open a store for writing after (or outside) the run — e.g. ``trainpilot diagnose
+        --store`` adding a diagnosis — without marking the run as running again. A missing
+        store is created with ``status_if_new``."""
+        path = store_path(run_dir)
+        conn = _connect_writer(path, durable=False)
+        row = conn.execute("SELECT run_id FROM runs LIMIT 1").fetchone()
+        if row is None:
+            run_id = uuid.uuid4().hex[:12]
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                         (str(SCHEMA_VERSION),))
+            conn.execute("INSERT INTO runs VALUES (?, NULL, ?, ?, ?, 1, ?, '{}')",
+                         (run_id, status_if_new, time.time(), time.time(),
+                          socket.gethostname()))
+        else:
+            run_id = row[0]
+        return cls(conn, path, writable=True, run_id=run_id)
+
+    @classmethod
+    def open_readonly(cls, run_dir: str | os.PathLike) -> "RunStore":
+        """Open a run's store for reading while (or after) training writes it."""
+        path = store_path(run_dir)
+        if not path.is_file():
+            raise SpecError("run_dir", str(run_dir),
+                            f"valid: a run directory containing {STORE_FILENAME}")
+        uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
+        row = conn.execute("SELECT run_id FROM runs LIMIT 1").fetchone()
+        return cls(conn, path, writable=False, run_id=row[0] if row else "")
+
+    def __enter__(self) -> "RunStore":
+        return self
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        if self.writable:
+            self.close(status="failed" if exc_type else "completed")
+        else:
+            self.close()
+
+    # ----------------------------------------------------------------------------- writing
+    def _require_writer(self) -> None:
+        if not self.writable:
+            raise PermissionError(f"{self.path} was opened read-only")
+
+    def add_exporter(self, exporter: Exporter) -> None:
+        """Forward every metric batch to ``exporter`` too (users keep TensorBoard/Prometheus)."""
+        self._exporters.append(exporter)
+
+    def set_document(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Record a resolved job document (``model``, ``cluster``, ``plan``, ``job``, ...)."""
+        self._require_writer()
+        with self._lock:
+            self._conn.execute("INSERT OR REPLACE INTO documents VALUES (?, ?, ?)",
+                               (kind, json.dumps(body, default=str), time.time()))
+
+    def set_status(self, status: str) -> None:
+        self._require_writer()
+        ended = None if status == "running" else time.time()
+        with self._lock:
+            self._conn.execute("UPDATE runs SET status=?, ended_time=? WHERE run_id=?",
+                               (status, ended, self.run_id))
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float], *,
+                    time_s: float | None = None) -> None:
+        """Buffer one step's metrics (name -> value); a later row for the same (name, step)
+        replaces the earlier one (a rolled-back run re-logs the steps it repeats)."""
+        self._require_writer()
+        now = time.time() if time_s is None else time_s
+        with self._lock:
+            step = int(step)
+            self._pending_metrics.extend((n, step, _num(v)) for n, v in metrics.items())
+            self._pending_steps[step] = now
+            for exporter in self._exporters:
+                exporter.export(int(step), metrics)
+            self._maybe_flush()
+
+    def log_rank_timings(self, timings: Iterable[RankTiming]) -> None:
+        """Buffer per-rank timings (rank 0 logs what it gathered from every rank)."""
+        self._require_writer()
+        now = time.time()
+        with self._lock:
+            for t in timings:
+                self._pending_timings.append(
+                    (t.step, t.rank, *(None if v is None else _num(v)
+                                       for v in (t.step_s, t.compute_s, t.comm_s, t.data_s)), now))
+                self._pending_steps.setdefault(t.step, now)
+            self._maybe_flush()
+
+    def log_event(self, kind: str, step: int | None, payload: Mapping[str, Any] | None = None, *,
+                  severity: str = "info", name: str = "", message: str = "") -> int:
+        """Record an event and commit it at once (with any buffered metrics before it, so the
+        order on disk is the order of logging). Returns the event id (monotonic; readers poll
+        with ``events(since_id=...)``)."""
+        self._require_writer()
+        with self._lock:
+            self._flush_locked()
+            cur = self._conn.execute(
+                "INSERT INTO events (time, step, kind, severity, name, message, payload_json) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (time.time(), step, kind, severity, name, message,
+                 json.dumps(dict(payload or {}), default=str)))
+            return int(cur.lastrowid)
+
+    def log_forecast(self, step: int, payload: Mapping[str, Any]) -> None:
+        """Record a convergence forecast made at ``step`` (JSON: prediction, interval, band)."""
+        self._require_writer()
+        with self._lock:
+            self._conn.execute("INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?)",
+                               (step, time.time(), json.dumps(dict(payload), default=str)))
+
+    def log_knowledge(self, anomaly: str, action: str, outcome: str, *, evidence: str = "",
+                      payload: Mapping[str, Any] | None = None) -> None:
+        """Add an (anomaly, action, outcome) row to the knowledge base later runs consult."""
+        self._require_writer()
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO knowledge (time, run_id, anomaly, action, outcome, evidence, "
+                "payload_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (time.time(), self.run_id, anomaly, action, outcome, evidence,
+                 json.dumps(dict(payload or {}), default=str)))
+
+    def _maybe_flush(self) -> None:
+        if (len(self._pending_steps) >= self.flush_every_steps
+                or time.monotonic() - self._last_flush >= self.flush_interval_s):
+            self._flush_locked()
+
+    def flush(self) -> None:
+        """Commit the buffered batch now (one transaction)."""
+        if self.writable:
+            with self._lock:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._pending_metrics and not self._pending_timings:
+            return
+        conn = self._conn
+        conn.execute("BEGIN")
+        try:
+            conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
+                             self._pending_metrics)
+            conn.executemany("INSERT OR REPLACE INTO steps VALUES (?, ?)",
+                             sorted(self._pending_steps.items()))
+            conn.executemany("INSERT OR REPLACE INTO rank_timings VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             self._pending_timings)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        if self._pending_steps:
+            self.flushed_step = max(self._pending_steps)
+        self._pending_metrics, self._pending_timings = [], []
+        self._pending_steps = {}
+
+    def close(self, status: str | None = None) -> None:
+        """Flush, record the final status (writer) and close. Safe to call twice."""
+        if self._conn is None:
+            return
+        if self.writable:
+            self.flush()
+            if status:
+                self.set_status(status)
+                self.log_event("run_end", self.flushed_step, {"status": status})
+            for exporter in self._exporters:
+                exporter.close()
+        self._conn.close()
+        self._conn = None
+
+    # ----------------------------------------------------------------------------- reading
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
+        with self._lock:
+            return self._conn.execute(sql, args).fetchall()
+
+    def run(self) -> RunInfo | None:
+        rows = self._rows("SELECT * FROM runs LIMIT 1")
+        if not rows:
+            return None
+        r = rows[0]
+        return RunInfo(run_id=r[0], name=r[1], status=r[2], started_time=r[3], ended_time=r[4],
+                       world_size=r[5], host=r[6], info=json.loads(r[7] or "{}"))
+
+    def documents(self) -> dict[str, dict[str, Any]]:
+        return {k: json.loads(b) for k, b in self._rows("SELECT kind, body_json FROM documents")}
+
+    def metric_names(self, prefix: str = "") -> list[str]:
+        rows = self._rows("SELECT DISTINCT name FROM metrics WHERE name >= ? AND name < ? "
+                          "ORDER BY name", (prefix, prefix + "\U0010ffff"))
+        return [r[0] for r in rows]
+
+    def metrics(self, names: Iterable[str] | None = None, *, since_step: int | None = None,
+                until_step: int | None = None) -> dict[str, list[tuple[int, float]]]:
+        """``{name: [(step, value), ...]}`` in step order; steps in ``(since_step, until_step]``.
+
+        ``names=None`` means every name. NaN values (stored as NULL) come back as NaN.
+        """
+        lo = -1 << 62 if since_step is None else since_step
+        hi = 1 << 62 if until_step is None else until_step
+        wanted = list(self.metric_names() if names is None else names)
+        out: dict[str, list[tuple[int, float]]] = {}
+        for name in wanted:
+            rows = self._rows("SELECT step, value FROM metrics WHERE name=? AND step>? AND "
+                              "step<=? ORDER BY step", (name, lo, hi))
+            out[name] = [(s, _val(v)) for s, v in rows]
+        return out
+
+    def series(self, name: str) -> tuple[list[int], list[float]]:
+        """One metric as (steps, values)."""
+        rows = self.metrics([name])[name]
+        return [s for s, _ in rows], [v for _, v in rows]
+
+    def latest_step(self) -> int | None:
+        return self._rows("SELECT MAX(step) FROM steps")[0][0]
+
+    def step_times(self, *, since_step: int | None = None) -> list[tuple[int, float]]:
+        """(step, unix time it was logged) in step order."""
+        return self._rows("SELECT step, time FROM steps WHERE step > ? ORDER BY step",
+                          (-1 << 62 if since_step is None else since_step,))
+
+    def latest_metrics(self, prefix: str = "") -> tuple[int | None, dict[str, float]]:
+        """(latest step, each metric's most recent value), optionally for names under a prefix."""
+        rows = self._rows(
+            "SELECT m.name, m.value FROM metrics m JOIN (SELECT name, MAX(step) AS s FROM metrics "
+            "WHERE name >= ? AND name < ? GROUP BY name) last ON m.name = last.name AND "
+            "m.step = last.s", (prefix, prefix + "\U0010ffff"))
+        return self.latest_step(), {n: _val(v) for n, v in rows}
+
+    def events(self, *, since_id: int = 0, kinds: Iterable[str] | None = None,
+               limit: int | None = None) -> list[Event]:
+        """Events with id > ``since_id`` (oldest first); ``limit`` keeps the newest ones."""
+        sql, args = "SELECT * FROM events WHERE id > ?", [since_id]
+        kinds = list(kinds or [])
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args += kinds
+        sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        rows = self._rows(sql, args)[::-1]
+        return [Event(id=r[0], time=r[1], step=r[2], kind=r[3], severity=r[4], name=r[5],
+                      message=r[6], payload=json.loads(r[7] or "{}")) for r in rows]
+
+    def rank_timings(self, *, since_step: int | None = None) -> list[RankTiming]:
+        rows = self._rows("SELECT step, rank, step_s, compute_s, comm_s, data_s FROM "
+                          "rank_timings WHERE step > ? ORDER BY step, rank",
+                          (-1 << 62 if since_step is None else since_step,))
+        return [RankTiming(step=r[0], rank=r[1], step_s=r[2], compute_s=r[3], comm_s=r[4],
+                           data_s=r[5]) for r in rows]
+
+    def forecasts(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every forecast as (step made, payload), oldest first."""
+        return [(s, json.loads(p)) for s, p in
+                self._rows("SELECT step, payload_json FROM forecasts ORDER BY step")]
+
+    def latest_forecast(self) -> dict[str, Any] | None:
+        rows = self._rows("SELECT payload_json FROM forecasts ORDER BY step DESC LIMIT 1")
+        return json.loads(rows[0][0]) if rows else None
+
+    def knowledge(self, anomaly: str | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT time, run_id, anomaly, action, outcome, evidence, payload_json " \
+                    "FROM knowledge", []
+        if anomaly:
+            sql, args = sql + " WHERE anomaly = ?", [anomaly]
+        rows = self._rows(sql + " ORDER BY id", args)
+        return [dict(time=r[0], run_id=r[1], anomaly=r[2], action=r[3], outcome=r[4],
+                     evidence=r[5], payload=json.loads(r[6])) for r in rows]
+
+    def integrity_check(self) -> str:
+        """SQLite's own ``PRAGMA integrity_check`` ('ok' when the file is sound)."""
+        return self._rows("PRAGMA integrity_check")[0][0]

@@ -1,0 +1,152 @@
+"""Fault diagnosis: every pattern on its excerpt, whole failed jobs, ranking rules, timestamps."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.health import logs
+from trainpilot.health.diagnosis import CATEGORIES, Diagnoser, load_library
+from trainpilot.health.timestamps import parse_timestamp
+from trainpilot.specs.errors import SpecError
+
+LIBRARY = load_library()
+DIAGNOSER = Diagnoser(LIBRARY)
+
+
+@pytest.mark.parametrize("pattern", LIBRARY.patterns, ids=lambda p: p.id)
+def test_each_pattern_names_its_own_example(pattern):
+    pattern_id, finding = DIAGNOSER.classify_line(pattern.example)
+    assert pattern_id == pattern.id
+    if pattern.id != "xid":
+        assert finding.category == pattern.category
+
+
+@pytest.mark.parametrize("code", sorted(LIBRARY.xid.codes))
+def test_each_xid_code_is_classified_from_a_driver_line(code):
+    line = f"Jun  3 12:00:07 node1 kernel: NVRM: Xid (PCI:0000:3b:00): {code}, pid=14871, name=python, Ch 00000008"
+    _, finding = DIAGNOSER.classify_line(line)
+    assert finding.category == LIBRARY.xid.codes[code].category
+    assert f"Xid {code}" in finding.root_cause
+
+
+def test_xid_line_variants_and_unlisted_codes():
+    for line in ("NVRM: Xid (0000:3b:00): 48, pid=1, DBE (double bit error) ECC error",
+                 "dcgm: XID 48 detected on GPU 3", "gpu 3 reported xid=48"):
+        assert DIAGNOSER.classify_line(line)[1].category == "gpu_memory_ecc", line
+    _, finding = DIAGNOSER.classify_line("NVRM: Xid (PCI:0000:3b:00): 999, pid=1")
+    assert finding.category == "gpu_hardware" and "999" in finding.root_cause
+
+
+def test_categories_are_exactly_the_issue_list():
+    used = {p.category for p in LIBRARY.patterns} | {f.category for f in LIBRARY.xid.codes.values()}
+    assert used == set(CATEGORIES) - {"unknown"}
+
+
+@pytest.mark.parametrize("case", sorted(logs.EXPECTED))
+def test_failed_jobs_are_diagnosed(case):
+    category, evidence = logs.EXPECTED[case]
+    result = DIAGNOSER.diagnose_texts(getattr(logs, case))
+    assert result.category == category
+    assert result.evidence.startswith(evidence + ": ")
+    assert result.action and result.root_cause and 0 < result.confidence <= 0.99
+
+
+def test_hardware_outranks_the_timeouts_it_causes_and_the_control_shows_it():
+    with_kernel_log = DIAGNOSER.diagnose_texts(logs.XID79_THEN_TIMEOUTS)
+    assert with_kernel_log.category == "gpu_hardware"
+    assert "collective_timeout" in with_kernel_log.root_cause  # the echo is still reported
+    timeouts_only = {"rank0.log": logs.XID79_THEN_TIMEOUTS["rank0.log"]}
+    assert DIAGNOSER.diagnose_texts(timeouts_only).category == "collective_timeout"
+
+
+def test_first_failure_in_time_wins_and_swapping_times_swaps_the_verdict():
+    swapped = {name: text.replace("12:05:00", "XX").replace("12:00:00", "12:05:00")
+               .replace("XX", "12:00:00") for name, text in logs.FIRST_IN_TIME.items()}
+    assert DIAGNOSER.diagnose_texts(logs.FIRST_IN_TIME).category == "user_code"
+    assert DIAGNOSER.diagnose_texts(swapped).category == "storage"
+
+
+def test_causes_within_the_clock_skew_window_are_ranked_by_tier():
+    texts = {"a.log": "2024-06-03 12:00:00,000 [rank0]: KeyError: 'input_ids'\n",
+             "b.log": "2024-06-03 12:00:20,000 RuntimeError: CUDA error: uncorrectable ECC error encountered\n"}
+    assert Diagnoser(skew_s=60).diagnose_texts(texts).category == "gpu_memory_ecc"
+    assert Diagnoser(skew_s=0).diagnose_texts(texts).category == "user_code"
+
+
+def test_peer_loss_does_not_outrank_the_crash_that_caused_it():
+    texts = {"rank0.log": "2024-06-03 12:00:01,000 ncclRemoteError: remote process exited or there was a network error\n",
+             "rank1.log": "2024-06-03 12:00:02,000 [rank1]: IndexError: index out of range in self\n"}
+    assert DIAGNOSER.diagnose_texts(texts).category == "user_code"
+
+
+def test_untimed_lines_take_the_previous_timestamp_of_their_file():
+    texts = {"a.log": "2024-06-03 12:00:00,000 start\nOSError: [Errno 28] No space left on device\n",
+             "b.log": "2024-06-03 11:00:00,000 start\nDataLoader worker (pid(s) 12) exited unexpectedly\n"}
+    assert DIAGNOSER.diagnose_texts(texts).category == "dataloader"
+
+
+def test_nothing_known_is_unknown_with_the_last_error_line():
+    result = DIAGNOSER.diagnose_texts({"x.log": "all good\nsomething failed badly\nbye\n"})
+    assert result.category == "unknown" and result.evidence == "x.log:2: something failed badly"
+    assert result.confidence <= 0.1
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("2024-06-03 12:00:05,123 INFO x", datetime(2024, 6, 3, 12, 0, 5, 123000)),
+    ("2024-06-03T12:00:05.5+02:00 x", datetime(2024, 6, 3, 10, 0, 5, 500000)),
+    ("[2024-06-03 12:00:05,000] torch.distributed.elastic", datetime(2024, 6, 3, 12, 0, 5)),
+    ("[rank0]:[E603 12:00:05.483726517 ProcessGroupNCCL.cpp:632] x", datetime(2024, 6, 3, 12, 0, 5, 483726)),
+    ("E0603 12:00:05.000001 140 api.py:869] failed", datetime(2024, 6, 3, 12, 0, 5, 1)),
+    ("[Mon Jun  3 12:00:05 2024] Out of memory", datetime(2024, 6, 3, 12, 0, 5)),
+    ("Jun  3 12:00:05 node1 kernel: NVRM: Xid", datetime(2024, 6, 3, 12, 0, 5)),
+    ("2024/06/03 12:00:05 x", datetime(2024, 6, 3, 12, 0, 5)),
+    ("[ 1832210.554420] NVRM: Xid (PCI:0000:3b:00): 79", None),  # seconds since boot: no clock
+    ("node4:771:2263 [4] NCCL WARN x", None),
+])
+def test_timestamp_formats(line, expected):
+    assert parse_timestamp(line, default_year=2024) == expected
+
+
+def test_a_bad_pattern_library_is_a_spec_error(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("categories: {}\nxid: {default: {category: gpu_hardware, confidence: 0.5, "
+                    "root_cause: r, action: a}, codes: {}}\npatterns:\n"
+                    "  - {id: a, category: network, regex: '(', confidence: 0.5, root_cause: r, "
+                    "action: a, example: e}\n")
+    with pytest.raises(SpecError, match="regex"):
+        load_library(path)
+    path.write_text(path.read_text().replace("regex: '('", "regex: 'x', colour: red"))
+    with pytest.raises(SpecError, match="colour"):
+        load_library(path)
+
+
+def test_cli_json_has_exactly_the_documented_keys(tmp_path):
+    files = []
+    for name, text in logs.XID79_THEN_TIMEOUTS.items():
+        (tmp_path / name).write_text(text)
+        files.append(str(tmp_path / name))
+    result = run_cli("diagnose", *files, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"category", "root_cause", "evidence", "action", "confidence"}
+    assert data["category"] == "gpu_hardware" and "fallen off the bus" in data["evidence"]
+
+
+def test_cli_records_the_diagnosis_in_a_store_and_reports_missing_files(tmp_path):
+    from trainpilot.store import RunStore
+
+    log = tmp_path / "rank0.log"
+    log.write_text(logs.DISK_FULL_AT_CHECKPOINT["rank0.log"])
+    result = run_cli("diagnose", str(log), "--store", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    assert "storage" in result.stdout
+    store = RunStore.open_readonly(tmp_path / "run")
+    assert store.knowledge("storage")[0]["outcome"] == "diagnosed"
+    assert store.events(kinds=["diagnosis"])[0].name == "storage"
+    missing = run_cli("diagnose", str(tmp_path / "nope.log"))
+    assert missing.returncode == 2 and "LOGFILE" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -1,0 +1,70 @@
+"""Convergence forecast on curves whose truth is known (the benchmark uses real runs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainpilot.health.forecast import ConvergenceForecaster, lr_areas
+from trainpilot.specs.errors import SpecError
+
+T = 2000
+
+
+def noisy_power_law(seed=0, noise=0.02):
+    rng = np.random.default_rng(seed)
+    t = np.arange(1, T + 1)
+    truth = 2.0 * t ** -0.4 + 1.5
+    return t, truth, truth * np.exp(rng.normal(0, noise, T))
+
+
+def test_final_loss_and_target_step_from_half_the_curve():
+    t, truth, y = noisy_power_law()
+    fc = ConvergenceForecaster(total_steps=T).forecast(t[:1000], y[:1000], target_loss=1.6)
+    assert fc.model == "power_law" and fc.made_at_step == 1000
+    assert abs(fc.final_loss - truth[-1]) / truth[-1] < 0.01
+    true_target = int(np.argmax(truth <= 1.6)) + 1  # step 1789, where the curve is flat
+    assert abs(fc.target_step - true_target) / true_target < 0.15  # measured: 1616 (-10 %)
+    assert fc.target_lo <= fc.target_step <= fc.target_hi
+    assert fc.band[0][1] <= fc.band[0][2] <= fc.band[0][3] and fc.band[-1][0] == T
+
+
+def test_intervals_have_roughly_their_nominal_coverage():
+    covered = 0
+    for seed in range(10):
+        t, truth, y = noisy_power_law(seed)
+        fc = ConvergenceForecaster(total_steps=T, num_bootstrap=24, seed=seed).forecast(
+            t[:600], y[:600])
+        covered += fc.final_lo <= truth[-1] <= fc.final_hi
+    assert covered >= 6  # nominal 8 of 10
+
+
+def test_an_lr_drop_starts_a_new_fit_segment():
+    t, truth, y = noisy_power_law(noise=0.005)
+    lrs = np.where(t < 800, 1e-3, 5e-4)
+    dropped = np.where(t < 800, y, y - 0.1)  # the halving lowers the curve
+    fc = ConvergenceForecaster(total_steps=T).forecast(t[:1200], dropped[:1200], lrs=lrs[:1200])
+    assert fc.segment_start == 800
+    assert abs(fc.final_loss - (truth[-1] - 0.1)) < 0.02
+    whole = ConvergenceForecaster(total_steps=T).forecast(t[:1200], dropped[:1200])
+    assert whole.segment_start == 1  # negative control: without the LRs it fits across the drop
+    assert abs(whole.final_loss - (truth[-1] - 0.1)) > abs(fc.final_loss - (truth[-1] - 0.1))
+
+
+def test_schedule_aware_model_reduces_to_the_plain_law_at_constant_lr():
+    s1, s2 = lr_areas(np.full(10, 2e-3))
+    assert s1.tolist() == list(range(1, 11)) and not s2.any()
+    s1, s2 = lr_areas(np.array([1.0, 1.0, 0.5, 0.5]))
+    assert s1.tolist() == [1.0, 2.0, 2.5, 3.0] and s2[2] == pytest.approx(0.5)
+    t, truth, y = noisy_power_law()
+    fc = ConvergenceForecaster(total_steps=T, lr_at=lambda s: 1e-3).forecast(t[:1000], y[:1000])
+    assert fc.model == "lr_area" and abs(fc.final_loss - truth[-1]) / truth[-1] < 0.01  # S2 = 0
+
+
+def test_too_few_points_and_bad_arguments():
+    f = ConvergenceForecaster(total_steps=100)
+    assert f.forecast(range(1, 11), [1.0] * 10) is None
+    with pytest.raises(SpecError):
+        ConvergenceForecaster(total_steps=1)
+    with pytest.raises(SpecError):
+        ConvergenceForecaster(total_steps=10, interval=1.5)

@@ -1,0 +1,95 @@
+"""Memory formulas against hand-computed cases (Megatron, ZeRO, Korthikanti et al. 2022)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainpilot.perf.flops import count_params
+from trainpilot.perf.layer import LayerSetup, activation_bytes
+from trainpilot.perf.memory import bytes_per_param, in_flight, stage_rank_params
+from trainpilot.specs import load_model
+
+
+@pytest.mark.parametrize("zero, shards, expected", [
+    (0, 8, 18.0),            # Megatron without a distributed optimizer
+    (1, 8, 6 + 12 / 8),      # Megatron's distributed optimizer: 6 + 12/dp
+    (1, 1, 18.0),
+    (2, 8, 2 + 14 / 8),      # ZeRO-2: 2P + 14P/N
+    (3, 8, 16 / 8),          # ZeRO-3: 16P/N
+])
+def test_bytes_per_param(zero, shards, expected):
+    assert sum(bytes_per_param(zero, shards)) == pytest.approx(expected)
+
+
+def _gpt(layers=24, hidden=1024, heads=16):
+    from trainpilot.perf.validation.cases import gpt
+
+    return gpt(layers, hidden, heads)
+
+
+def _setup(**kw):
+    base = dict(tp=1, cp=1, ep=1, micro_batch_size=2, seq_len=2048, sequence_parallel=False,
+                flash_attention=False, dropout=True)
+    base.update(kw)
+    return LayerSetup(**base)
+
+
+# Korthikanti et al. 2022 per-layer activation bytes (16-bit, 1-byte masks), s=2048, b=2.
+S, B, H, A = 2048, 2, 1024, 16
+
+
+@pytest.mark.parametrize("t, sp, expected", [
+    (1, False, {"none": S * B * H * (34 + 5 * A * S / H), "selective": S * B * H * 34,
+                "full": 2 * S * B * H}),
+    (4, False, {"none": S * B * H * (10 + 24 / 4 + 5 * A * S / (H * 4)),
+                "selective": S * B * H * (10 + 24 / 4), "full": 2 * S * B * H}),
+    (4, True, {"none": S * B * H * (34 / 4 + 5 * A * S / (H * 4)),
+               "selective": S * B * H * 34 / 4, "full": 2 * S * B * H / 4}),
+])
+def test_korthikanti_per_layer_activations(t, sp, expected):
+    none, selective, full = activation_bytes(_gpt(), False, _setup(tp=t, sequence_parallel=sp))
+    assert none == pytest.approx(expected["none"])
+    assert selective == pytest.approx(expected["selective"])
+    assert full == pytest.approx(expected["full"])
+
+
+def test_flash_attention_drops_the_score_tensor():
+    none, selective, _ = activation_bytes(_gpt(), False, _setup(flash_attention=True))
+    # Only the fp32 log-sum-exp per query row remains: 4 bytes x b x a x s.
+    assert none - selective == pytest.approx(4 * B * A * S)
+
+
+def test_gqa_and_swiglu_use_their_shapes():
+    model = load_model("llama3-8b")  # h 4096, 32 heads, 8 KV heads, head 128, ffn 14336
+    _, selective, _ = activation_bytes(model, False, _setup(micro_batch_size=1, seq_len=8192,
+                                                            dropout=False))
+    m, h, d = 8192, 4096, 128
+    replicated = 2 * 4 * m * h  # norm inputs, QKV and fc1 inputs
+    attention = 2 * m * (32 * d + 8 * d + 8 * d + 32 * d)  # Q, K, V, output-projection input
+    mlp = 2 * m * 14336 * 3  # SwiGLU: two activation inputs, one fc2 input
+    assert selective == pytest.approx(replicated + attention + mlp)
+
+
+def test_in_flight_micro_batches():
+    assert [in_flight("1f1b", i, 4, 1, 16) for i in range(4)] == [4, 3, 2, 1]
+    assert in_flight("1f1b", 0, 4, 1, 2) == 2  # fewer micro-batches than stages
+    assert in_flight("gpipe", 3, 4, 1, 16) == 16
+    p, v = 8, 3  # Korthikanti: the first stage holds p (1 + (p-1)/(p v)) micro-batches
+    assert in_flight("interleaved", 0, p, v, 64) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_stage_parameters_add_up_to_the_model():
+    model = load_model("gpt3-175b")
+    counts, pp, per = count_params(model), 8, 12
+    total = sum(stage_rank_params(model, range(i * per, (i + 1) * per), tp=1, ep=1,
+                                  first=i == 0, last=i == pp - 1, pp=pp).total
+                for i in range(pp))
+    assert total == pytest.approx(counts.total)
+
+
+def test_expert_parameters_shard_over_ep():
+    model = load_model("mixtral-8x7b")
+    one = stage_rank_params(model, range(32), tp=1, ep=1, first=True, last=True, pp=1)
+    four = stage_rank_params(model, range(32), tp=1, ep=4, first=True, last=True, pp=1)
+    assert four.expert == pytest.approx(one.expert / 4)
+    assert four.dense == pytest.approx(one.dense)

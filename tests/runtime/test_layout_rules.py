@@ -1,0 +1,63 @@
+"""What the runtime refuses before anything starts, the mesh it builds, and how pipeline stages
+are cut (pure logic, no process group)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from trainpilot.runtime.layout import check_runtime, mesh_axes
+from trainpilot.runtime.parallelize import stage_plan
+from trainpilot.specs import SpecError, load_model, load_plan
+
+BATCH = "micro_batch_size=1,global_batch_size=8,seq_len=64"
+
+
+@pytest.mark.parametrize("model, plan, world, match", [
+    ("tiny-gpt", "cp=2," + BATCH, 2, "context parallelism"),
+    ("tiny-gpt", "precision=fp8," + BATCH, 1, "torchao"),
+    ("tiny-gpt", "precision=fp16," + BATCH, 1, "loss scaling"),
+    ("tiny-gpt", "dp=2," + BATCH, 4, "must equal the 4 processes"),
+    ("tiny-moe", "tp=2," + BATCH, 2, "expert tensor parallelism"),
+    ("tiny-moe", "dp=4,ep=2,zero=3,dp_shard=2," + BATCH, 4, "hybrid sharding with expert"),
+    ("tiny-gpt", "pp=2,micro_batch_size=1,global_batch_size=1,seq_len=64", 2,
+     "needs at least pp=2"),
+    ("deepseek-v3", "tp=1," + BATCH, 1, "latent attention"),
+    ("tiny-gpt", "tp=3," + BATCH, 3, "does not divide num_attention_heads"),  # check_job's rule
+])
+def test_refused_before_start(model, plan, world, match):
+    with pytest.raises(SpecError, match=match):
+        check_runtime(load_model(model), load_plan(plan), backend="gloo", world_size=world)
+
+
+def test_tied_embeddings_need_one_stage_and_one_tp_rank():
+    tied = load_model("tiny-gpt").replace(tie_word_embeddings=True)
+    check_runtime(tied, load_plan("dp=2," + BATCH), backend="gloo", world_size=2)  # fine
+    with pytest.raises(SpecError, match="tied embeddings"):
+        check_runtime(tied, load_plan("pp=2," + BATCH), backend="gloo", world_size=2)
+
+
+@pytest.mark.parametrize("plan, names, sizes, flat", [
+    ("dp=2,tp=2", ["pp", "dp", "tp"], [1, 2, 2], {}),
+    ("dp=4,ep=2", ["pp", "edp", "ep", "tp"], [1, 2, 2, 1], {"dp": ("edp", "ep")}),
+    ("dp=4,zero=3,dp_shard=2,pp=2", ["pp", "dp_replicate", "dp_shard", "tp"], [2, 2, 2, 1],
+     {"dp": ("dp_replicate", "dp_shard")}),
+])
+def test_mesh_axes(plan, names, sizes, flat):
+    assert mesh_axes(load_plan(plan + "," + BATCH)) == (names, sizes, flat)
+
+
+def _stages(model, plan, pp_rank):
+    spec, plan = load_model(model), load_plan(plan)
+    return stage_plan(spec, SimpleNamespace(plan=plan, pp_rank=pp_rank))
+
+
+def test_stage_cut_even_uneven_and_interleaved():
+    assert _stages("tiny-gpt", "pp=2," + BATCH, 1) == [(1, [2, 3])]
+    uneven = "pp=2,pp_first_stage_layers=1," + BATCH
+    assert _stages("tiny-gpt", uneven, 0) == [(0, [0])]
+    assert _stages("tiny-gpt", uneven, 1) == [(1, [1, 2, 3])]
+    # vp=2: four stages of one layer; rank 0 holds stages 0 and 2 (Megatron's interleaving).
+    assert _stages("tiny-gpt", "pp=2,vp=2," + BATCH, 0) == [(0, [0]), (2, [2])]
+    assert _stages("tiny-gpt", "pp=2,vp=2," + BATCH, 1) == [(1, [1]), (3, [3])]
