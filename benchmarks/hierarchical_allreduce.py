@@ -21,9 +21,11 @@ Predicted, beside each measurement:
   slow link: 2 (p-1) (alpha_inter + S / (p B_inter)); hierarchical: all-to-all and all-gather
   of S/2 over loopback plus a 2-rank all-reduce of S/2 on each rail in parallel.
 * "perf": ``trainpilot.perf.topology.Network.all_reduce_s`` (the cost model) on a ClusterSpec
-  with the same measured link figures. It models NCCL's rail-aligned rings, where a flat
-  all-reduce also uses every rail, so it predicts no gain from the hierarchy on this topology;
-  the measurement shows what gloo's single ring does.
+  with the same measured link figures. The cluster's device family (``cpu``) makes it model
+  gloo's algorithms: one ring over all ranks paced by its slowest edge, and the runtime's
+  staged all-reduce for the hierarchical form. (Until the collective library became part of
+  the model it assumed NCCL's rail-aligned rings, which use every rail for a flat all-reduce,
+  predicted flat 62-70% too fast and no gain from the hierarchy.)
 * DDP steps: ``trainpilot.perf.predict`` on that ClusterSpec with the calibrated CPU matmul rate.
 
 Link figures (alpha, B) come from a calibration at the start of the run: a 2-rank all-reduce
@@ -210,7 +212,7 @@ def worker(args: argparse.Namespace) -> None:
            for bucket_mb in args.bucket_mb]
     if rank == 0:
         result = dict(inter_mbit=args.inter_mbit, links=links, matmul_tflops=tflops,
-                      collectives=collectives, ddp=ddp)
+                      load_average=os.getloadavg(), collectives=collectives, ddp=ddp)
         atomic_write_text(args.out, json.dumps(result, indent=1))
     dist.barrier()
     dist.destroy_process_group()
@@ -286,11 +288,13 @@ def gloo_ring_prediction(size: float, links: dict) -> tuple[float, float]:
 
 
 def perf_prediction(size: float, links: dict) -> tuple[float, float]:
+    """The cost model's all-reduce on the shaped ClusterSpec: its collective library comes
+    from the cluster (the ``cpu`` device family runs gloo), as in every ``perf.predict``."""
+    from trainpilot.perf.hardware import curve_for
     from trainpilot.perf.topology import GroupSpan, Network
 
-    net = Network(intra_bw=links["intra_bw"], intra_lat=links["intra_lat"],
-                  inter_bw=links["inter_bw"], inter_lat=links["inter_lat"],
-                  rack_bw=links["inter_bw"], rack_lat=links["inter_lat"])
+    cluster = shaped_cluster(links, 0.1)
+    net = Network.of(cluster, curve_for(cluster).collective_library)
     span = GroupSpan(NODES * PER_NODE, PER_NODE, NODES, 1)
     return (net.all_reduce_s(span, size, hierarchical=False),
             net.all_reduce_s(span, size, hierarchical=True))
@@ -397,6 +401,9 @@ def print_tables(result: dict) -> str:
 
     links = result["links"]
     console = Console(width=180, record=True)
+    if "load_average" in result:  # other processes share these 2 cores: say how many
+        console.print("load average at the end of the run: "
+                      + ", ".join(f"{x:.1f}" for x in result["load_average"]))
     console.print(
         f"links (calibrated): intra-node {links['intra_bw'] / 1e6:.0f} MB/s, "
         f"alpha {links['intra_lat'] * 1e6:.0f} us; inter-node rail {links['inter_bw'] / 1e6:.1f}"

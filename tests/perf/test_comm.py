@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainpilot.perf.topology import GroupSpan, Network, Placement
-from trainpilot.specs import Plan, load_cluster
+from trainpilot.specs import Plan, load_cluster, load_model
 
 NET = Network(intra_bw=200e9, intra_lat=2e-6, inter_bw=20e9, inter_lat=5e-6, rack_bw=20e9,
               rack_lat=10e-6)
@@ -64,3 +64,42 @@ def test_expert_parallel_group_is_a_compact_block():
     groups = Placement.of(plan, cluster).groups(plan.ep)
     assert groups["ep"] == GroupSpan(64, 8, 8, 1)  # 8 nodes, as DeepSeek-V3 ran it
     assert groups["expert_dp"].size == 2
+
+
+GLOO = Network(intra_bw=200e9, intra_lat=2e-6, inter_bw=20e9, inter_lat=5e-6, rack_bw=20e9,
+               rack_lat=10e-6, library="gloo")
+TWO_BY_TWO = GroupSpan(size=4, per_node=2, nodes=2, racks=1)
+
+
+def test_gloo_runs_one_ring_paced_by_its_slowest_edge():
+    """Ring 0-1-2-3 crosses the node boundary on two of its edges; every one of the 2(n-1)
+    steps moves S/n and waits for an inter-node edge. NCCL's rail-aligned rings use both of a
+    node's NICs instead, so gloo is 3x slower here."""
+    flat = 2 * 3 * (5e-6 + S / (4 * 20e9))
+    assert GLOO.all_reduce_s(TWO_BY_TWO, S) == pytest.approx(flat)
+    assert GLOO.all_reduce_s(TWO_BY_TWO, S) / NET.all_reduce_s(TWO_BY_TWO, S) > 2.5
+    assert GLOO.all_gather_s(TWO_BY_TWO, S) == pytest.approx(flat / 2)
+    # gloo's reduce_scatter all-reduces and keeps a slice.
+    assert GLOO.reduce_scatter_s(TWO_BY_TWO, S) == pytest.approx(flat)
+
+
+def test_gloo_hierarchical_all_reduce_is_the_runtimes_staged_one():
+    """All-to-all inside the node, a ring all-reduce of S/2 per rail, ring all-gather."""
+    scatter = S / 2 / 200e9 + 2e-6
+    across = 2 * (5e-6 + S / 2 / 2 / 20e9)
+    gather = 2e-6 + S / 2 / 200e9
+    hier = GLOO.all_reduce_s(TWO_BY_TWO, S, hierarchical=True)
+    assert hier == pytest.approx(scatter + across + gather)
+    assert hier < GLOO.all_reduce_s(TWO_BY_TWO, S) / 2  # the gain NCCL's model cannot show
+    assert NET.all_reduce_s(TWO_BY_TWO, S, hierarchical=True) >= NET.all_reduce_s(TWO_BY_TWO, S)
+
+
+def test_the_library_comes_from_the_cluster_or_its_device_family():
+    from trainpilot.perf import Estimator
+
+    model = load_model("tiny-gpt")
+    assert Estimator(model, load_cluster("cpu-x4")).net.library == "gloo"
+    assert Estimator(model, load_cluster("a100-80gb-x16")).net.library == "nccl"
+    cluster = load_cluster("a100-80gb-x16")
+    forced = cluster.replace(network=cluster.network.replace(collective_library="gloo"))
+    assert Estimator(model, forced).net.library == "gloo"

@@ -93,3 +93,44 @@ def test_expert_parameters_shard_over_ep():
     four = stage_rank_params(model, range(32), tp=1, ep=4, first=True, last=True, pp=1)
     assert four.expert == pytest.approx(one.expert / 4)
     assert four.dense == pytest.approx(one.dense)
+
+
+def test_in_flight_weighs_uneven_chunks_by_their_layers():
+    """Rank 0 of p=4, v=2 runs 2*3 + 4 + 1 = 11 forwards before its first backward: chunks
+    0, 1, 0 in runs of 4 (forward j on chunk (j // p) % v), i.e. 7 passes of chunk 0 and 4 of
+    chunk 1. With chunks of 1 and 2 layers that is 7 + 8 = 15 of the rank's 3 layers."""
+    assert in_flight("interleaved", 0, 4, 2, 16) == pytest.approx(11 / 2)
+    assert in_flight("interleaved", 0, 4, 2, 16, (1, 2)) == pytest.approx(15 / 3)
+    assert in_flight("interleaved", 0, 4, 2, 16, (2, 2)) == pytest.approx(11 / 2)
+    # Llama 3's first rank: an empty first chunk (the embedding) and seven of one layer.
+    chunks = (0,) + (1,) * 7
+    assert in_flight("interleaved", 0, 16, 8, 16, chunks) == pytest.approx(16 * 7 / 7)
+
+
+def test_fp8_keeps_the_gemm_inputs_in_one_byte():
+    """Under fp8 the saved QKV, fc1, output-projection and fc2 inputs are 1-byte copies."""
+    model = _gpt()
+    _, bf16, _ = activation_bytes(model, False, _setup(tp=2))
+    _, fp8, _ = activation_bytes(model, False, _setup(tp=2, gemm_input_bytes=1))
+    m = S * B
+    gemm_inputs = 2 * m * H + (m * H + m * 4 * H) / 2  # QKV + fc1 inputs; proj + fc2 inputs
+    assert bf16 - fp8 == pytest.approx(gemm_inputs)
+
+
+def test_zero3_buffer_holds_the_layer_in_the_reduce_dtype_too():
+    from trainpilot.perf import Estimator, layout_of
+    from trainpilot.perf.options import CostOptions
+    from trainpilot.specs import Plan, load_cluster
+
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-sxm-x8")
+    plan = Plan(dp=8, zero=3, global_batch_size=8, seq_len=4096)
+    layer = stage_rank_params(model, range(32), tp=1, ep=1, first=True, last=True,
+                              pp=1).largest_layer
+
+    def other_bytes(grad_bytes):
+        est = Estimator(model, cluster, CostOptions(grad_reduce_bytes=grad_bytes))
+        stages, _, _ = est.group(layout_of(model, plan)).memory(layout_of(model, plan))
+        return stages[0].memory["other"]
+
+    # Gathered layer, prefetched layer, 16-bit gradients: 6 bytes; plus the fp32 copy: 4.
+    assert other_bytes(4) - other_bytes(2) == pytest.approx(2 * layer)

@@ -53,7 +53,7 @@ def test_split_rule():
     assert all(c.dataset.startswith("vtrain") for c in calibration)
     assert all(int(c.label.split()[0][1:]) % 2 == 0 for c in calibration)
     papers = [c for c in cases if not c.dataset.startswith("vtrain")]
-    assert len(papers) == 10 + 8 + 12 and all(c.split == HELD_OUT for c in papers)
+    assert len(papers) == 10 + 8 + 12 + 3 and all(c.split == HELD_OUT for c in papers)
 
 
 def test_a_worse_curve_fails_the_gate():
@@ -72,3 +72,21 @@ def test_held_out_vtrain_rows_within_target():
     results = run([c for c in all_cases() if c.dataset.startswith("vtrain")])
     for s in summarize(results):
         assert s.mape <= THRESHOLDS["time"], s
+
+
+def test_llama3_rows_are_held_out_on_an_unfitted_h100_curve():
+    """The H100 rows (Llama 3 405B, 8,192-16,384 GPUs) check efficiency data nothing was
+    fitted to; a curve with half the GEMM throughput must fail their gate."""
+    from trainpilot.perf.predict import CALIBRATED_CURVES
+    from trainpilot.perf.validation.calibrate import GEMM_CEILING
+
+    cases = [c for c in all_cases(find_vtrain=False) if c.dataset == "llama3_2024"]
+    assert len(cases) == 3 and all(c.split == HELD_OUT for c in cases)
+    assert {c.cluster.device.efficiency_curve for c in cases} == {"h100"}
+    assert "h100" not in CALIBRATED_CURVES and "h100" not in GEMM_CEILING
+    results = run(cases)
+    assert failures(summarize(results)) == []
+    assert all(abs(r.error) < 0.15 for r in results), [r.error for r in results]
+    curve = load_curves()["h100"]
+    slow = curve.replace(gemm_points=tuple((x, y / 2) for x, y in curve.gemm_points))
+    assert any("llama3_2024" in line for line in failures(summarize(run(cases, slow))))

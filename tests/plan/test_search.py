@@ -15,7 +15,10 @@ CASE = dict(model="llama3-8b", cluster="h100-sxm-x32", gbs=64, seq=4096)
 
 
 def _brute_force(model, cluster, gbs, seq, top, headroom=0.1):
-    """Every layout the search enumerates, each costed: the reference ranking."""
+    """Every layout the search enumerates, each costed: the reference ranking. A layout that
+    fits with less recomputation dominates its heavier-recompute copies (slower, and the memory
+    they save is not needed), so, as in the search, only the lightest recompute mode that fits
+    is ranked for each (layout, micro-batch, ZeRO, sequence parallel)."""
     est = Estimator(model, cluster)
     limit = est.device("bf16").hbm_bytes * (1 - headroom)
     walk = _Walk(model, cluster, est, SearchSpace(), gbs, seq, "bf16", limit, top)
@@ -24,13 +27,14 @@ def _brute_force(model, cluster, gbs, seq, top, headroom=0.1):
         zeros, modes, sps = variants
         for mb in mbs:
             for zero in zeros:
-                for mode in modes:
-                    for sp in sps:
+                for sp in sps:
+                    for mode in modes:  # none, selective, full: lightest first
                         lay = Layout(zero=zero, recompute=mode, sequence_parallel=sp,
                                      micro_batch_size=mb, **base)
                         step, _ = est.quick(lay, limit)
                         if step is not None:
                             steps.append(step)
+                            break
     return sorted(steps)[:top], walk.enumerated
 
 
@@ -82,6 +86,30 @@ def test_uneven_pipeline_splits_are_in_the_space():
     assert (3, 2) in deepseek  # DeepSeek-V3 preset: 3 + 14 x 4 + 2
     even = {s.vp for s in splits(96, 16, space) if s.first is None}
     assert even == {1, 2, 3, 6}
+    # Interleaving over uneven stages, by Megatron-core's rules (specs.job.chunk_layers):
+    # Llama 3's 7 + 14 x 8 + 7 with chunks of 4, 2 or 1 layers, never vp=3 (8 % 3).
+    llama_vps = {s.vp for s in splits(126, 16, space) if (s.first, s.last) == (7, 7)}
+    assert llama_vps == {1, 2, 4, 8}
+    assert {s.vp for s in splits(126, 16, SearchSpace(interleave=False))} == {1}
+
+
+def test_interleaved_uneven_plans_are_valid_documents():
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-sxm-x32")
+    space = SearchSpace(zero=(1,), sequence_parallel=(False,))
+    est = Estimator(model, cluster)
+    walk = _Walk(model, cluster, est, space, 64, 4096, "bf16", 1e30, 5)
+    seen = 0
+    for base, mbs, _, _ in walk._families():
+        if base["vp"] > 1 and len(set(base["stage_layers"])) > 1:
+            from trainpilot.plan.search import layout_plan
+
+            lay = Layout(zero=1, recompute="none", sequence_parallel=False,
+                         micro_batch_size=mbs[0], **base)
+            plan = layout_plan(lay, model)
+            check_job(model, cluster, plan)  # the spec accepts what the search enumerates
+            assert est.quick(lay)[0] > 0
+            seen += 1
+    assert seen > 0
 
 
 def test_nothing_fits_reports_the_shortfall():

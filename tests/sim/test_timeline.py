@@ -6,9 +6,15 @@ import json
 
 import pytest
 
-from trainpilot.sim.step import chrome_trace, explain, simulate_plan, write_chrome_trace
+from trainpilot.sim.step import (
+    chrome_trace,
+    explain,
+    simulate_plan,
+    step_spec_from_prediction,
+    write_chrome_trace,
+)
 from trainpilot.sim.timeline import TRACK_COMPUTE, TRACK_DP, StageCosts, StepSpec, simulate_step
-from trainpilot.specs import load_job
+from trainpilot.specs import load_job, stage_layers
 
 UNIFORM = StageCosts(fwd_s=1.0, bwd_s=2.0)
 
@@ -123,14 +129,22 @@ def test_chrome_trace_is_valid_json(tmp_path):
 @pytest.mark.parametrize("name", ["gpt3-175b-a100-1024", "llama3-405b-h100-16384",
                                   "deepseek-v3-h800-2048"])
 def test_from_the_cost_model_agrees_with_its_step_time(name):
-    """The preset jobs (dense 3-D layouts; DeepSeek-V3 with EP=64 and uneven stages): the
-    timeline and the cost model's own step time agree within 2% (measured 0.4%, 0.4%, 0.4%),
-    and the bubble is near (p-1)/m."""
+    """The preset jobs (GPT-3: uniform 3-D; Llama 3: interleaved with uneven first/last
+    chunks; DeepSeek-V3: EP=64 and uneven stages): the timeline and the cost model's own step
+    time agree within 2%, and the bubble is near (p-1)/(v m) — within 10% when every rank holds
+    the same layers, and otherwise within 25% (lighter edge stages shorten the fill and drain,
+    heavier ones lengthen them), with the unevenness named in the explanation."""
     job = load_job(name)
     result, pred = simulate_plan(job.model, job.cluster, job.plan)
     assert abs(result.step_time_s - pred.step_time_s) / pred.step_time_s < 0.02
     assert len(result.ranks) == job.plan.pp
-    assert result.bubble_fraction == pytest.approx(result.closed_form_bubble, rel=0.1)
+    layers = stage_layers(job.model, job.plan)
+    if len(set(layers)) == 1:
+        assert result.bubble_fraction == pytest.approx(result.closed_form_bubble, rel=0.1)
+    else:
+        assert result.bubble_fraction == pytest.approx(result.closed_form_bubble, rel=0.25)
+        notes = explain(result, step_spec_from_prediction(pred, job.plan))
+        assert any("stages are uneven" in note for note in notes), notes
     if job.model.is_moe:
         assert all(r.blocking_comm_s > 0 for r in result.ranks[1:])  # the all-to-alls
 

@@ -11,7 +11,17 @@ from rich.console import Console
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
 
-console = Console(highlight=False)
+def _width() -> int | None:
+    """Rich wraps at 80 columns when stdout is not a terminal (CI logs, `| less`); tables of
+    breakdowns need more. A real terminal or $COLUMNS still decides when present."""
+    import os
+
+    if os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return None
+    return 150
+
+
+console = Console(highlight=False, width=_width())
 err_console = Console(stderr=True, highlight=False)
 
 

@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 _UNITS = {"step_time_s": "s/step", "tflops_per_gpu": "TFLOP/s/GPU",
+          "causal_tflops_per_gpu": "TFLOP/s/GPU",
           "weights_optimizer_gib": "GiB", "activations_gib": "GiB"}
 
 

@@ -1,8 +1,10 @@
 """Data-parallel traffic of one pipeline stage per ZeRO stage, and how much of it is exposed.
 
-Gradients travel at ``grad_bytes`` per element (fp32 main gradients for bf16, as Megatron
-reduces them; 16-bit for fp16 and for ZeRO-2/3), parameters are gathered in 16-bit. Dense
-parameters reduce over the dp x cp group, expert parameters over the expert-data-parallel group.
+Gradients travel at ``grad_bytes`` per element in every ZeRO stage (``CostOptions``: fp32 for
+bf16 runs, as Megatron reduces its main gradients and as torchtitan's FSDP2 default
+``mixed_precision_reduce = float32`` does; 16-bit for fp16 runs or when set), parameters are
+gathered in 16-bit. Dense parameters reduce over the dp x cp group, expert parameters over the
+expert-data-parallel group.
 
 * zero 0: all-reduce the gradients once per step, after (or overlapped with) the last
   micro-batch's backward;
@@ -43,6 +45,12 @@ class Traffic:
     mb_edge_s: float = 0.0
     replicate_s: float = 0.0  # HSDP all-reduce across replicas, once per step
     tied_s: float = 0.0  # tied-embedding gradient all-reduce between first and last stage
+
+    @property
+    def step_s(self) -> float:
+        """The traffic issued once per step (what a step timeline schedules after the last
+        backward); ZeRO-2/3's per-micro-batch traffic is part of each micro-batch's time."""
+        return self.step_grad_s + self.step_gather_s + self.replicate_s + self.tied_s
 
     def total_s(self, num_micro_batches: int) -> float:
         """All of it per step, as if nothing overlapped."""
@@ -90,11 +98,11 @@ def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
             out.update(step_gather_s=both(dp, 2, "ag"), step_gather_edge_s=edge(dp, 2, "ag"))
         return Traffic(tied_s=tied, **out)
     if zero == 2:
-        return Traffic(mb_bwd_s=both(dp, 2, "rs"), mb_edge_s=edge(dp, 2, "rs"),
+        return Traffic(mb_bwd_s=both(dp, grad_bytes, "rs"), mb_edge_s=edge(dp, grad_bytes, "rs"),
                        step_gather_s=both(dp, 2, "ag"), step_gather_edge_s=edge(dp, 2, "ag"),
                        tied_s=tied)
     shard = spans.get("dp_shard", dp)
-    ag, rs = both(shard, 2, "ag", per_layer=True), both(shard, 2, "rs", per_layer=True)
+    ag, rs = both(shard, 2, "ag", per_layer=True), both(shard, grad_bytes, "rs", per_layer=True)
     replicate = 0.0
     if "dp_replicate" in spans:
         replicate = op(spans["dp_replicate"], grad_bytes * dense / (dp_shard or 1), "ar")

@@ -36,6 +36,7 @@ from trainpilot.perf.stages import (  # noqa: F401 (re-exported: the cost model'
 )
 from trainpilot.perf.topology import GroupSpan, Network, Placement
 from trainpilot.specs import ClusterSpec, ModelSpec
+from trainpilot.specs.job import chunk_layers
 
 
 class Estimator:
@@ -45,7 +46,8 @@ class Estimator:
                  options: CostOptions | None = None):
         self.model, self.cluster = model, cluster
         self.options = options or CostOptions()
-        self.net = Network.of(cluster)
+        curve = self.options.curve or curve_for(cluster)
+        self.net = Network.of(cluster, curve.collective_library)
         self.dropout = self.options.dropout_for(model)
         self._moe = [model.is_moe_layer(i) for i in range(model.num_hidden_layers)]
         self._devices: dict[str, Device] = {}
@@ -57,6 +59,7 @@ class Estimator:
         self._edge_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self._traffic: dict[tuple, Traffic] = {}
         self._flight: dict[tuple, float] = {}
+        self._flights: dict[tuple, tuple[float, ...]] = {}
         self._p2p_cache: dict[tuple, float] = {}
         self._acts: dict[tuple, tuple[float, float, float]] = {}
 
@@ -105,23 +108,22 @@ class Estimator:
 
     def _make_sigs(self, lay: Layout) -> _Sigs:
         p, v = lay.pp, lay.vp
-        if v == 1:
-            ids, start = [], 0
-            for count in lay.stage_layers:
-                ids.append(tuple(range(start, start + count)))
-                start += count
-        else:
-            chunk = sum(lay.stage_layers) // (p * v)
-            ids = [tuple((i + k * p) * chunk + j for k in range(v) for j in range(chunk))
-                   for i in range(p)]
+        chunks = chunk_layers(lay.stage_layers, v, field="vp")
+        # Model order is chunk-major (chunk 0 of every rank, then chunk 1, ...).
+        ids: list[list[int]] = [[] for _ in range(p)]
+        start = 0
+        for k in range(v):
+            for i in range(p):
+                ids[i] += range(start, start + chunks[i][k])
+                start += chunks[i][k]
         sigs, index, of_stage = [], {}, []
         for i, stage in enumerate(ids):
             n_moe = sum(self._moe[j] for j in stage)
-            # The same layer count, MoE count and edge role cost the same.
-            sig_key = (len(stage), n_moe, i == 0, i == p - 1)
+            # The same layer count, MoE count, chunk split and edge role cost the same.
+            sig_key = (len(stage), n_moe, tuple(chunks[i]), i == 0, i == p - 1)
             if sig_key not in index:
                 index[sig_key] = len(sigs)
-                sigs.append(_Sig(stage, n_moe, i == 0, i == p - 1))
+                sigs.append(_Sig(tuple(stage), n_moe, i == 0, i == p - 1, tuple(chunks[i])))
             of_stage.append(index[sig_key])
         first = [of_stage.index(k) for k in range(len(sigs))]
         count = [of_stage.count(k) for k in range(len(sigs))]
@@ -136,6 +138,7 @@ class Estimator:
             sequence_parallel=lay.sequence_parallel if sp is None else sp,
             flash_attention=self.options.flash_attention, dropout=self.dropout,
             ep_imbalance=self.options.ep_imbalance if lay.ep > 1 else 1.0,
+            gemm_input_bytes=_gemm_input_bytes(lay.precision),
         )
 
     def layer_act(self, lay: Layout, moe_layer: bool, sp: bool,
@@ -143,13 +146,13 @@ class Estimator:
         """(none, selective, full) activation bytes per layer and micro-batch (memory checks
         need no time model); ``micro_batch_size`` overrides the layout's."""
         mb = micro_batch_size or lay.micro_batch_size
-        key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp)
+        key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp, lay.precision)
         found = self._acts.get(key)
         if found is None:
             setup = LayerSetup(
                 tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=mb, seq_len=lay.seq_len,
                 sequence_parallel=sp, flash_attention=self.options.flash_attention,
-                dropout=self.dropout)
+                dropout=self.dropout, gemm_input_bytes=_gemm_input_bytes(lay.precision))
             found = self._acts[key] = activation_bytes(self.model, moe_layer, setup)
         return found
 
@@ -185,12 +188,36 @@ class Estimator:
                                 hardware_flops_per_token(self.model, seq_len, recompute))
         return self._flops[key]
 
-    def _in_flight(self, lay: Layout, stage: int) -> float:
-        key = (lay.schedule, stage, lay.pp, lay.vp, lay.num_micro_batches)
+    def _in_flight(self, lay: Layout, stage: int, m: int | None = None) -> float:
+        """Stage-equivalents of activations rank ``stage`` holds at its peak (``m``: another
+        micro-batch count than the layout's)."""
+        sg = self.signatures(lay)
+        return self.flight(lay.schedule, stage, lay.pp, lay.vp, m or lay.num_micro_batches,
+                           sg.sigs[sg.of_stage[stage]].chunks)
+
+    def flights(self, lay: Layout, sg: _Sigs) -> tuple[float, ...]:
+        """In-flight stage-equivalents at each signature's first rank (cached by signature
+        set, schedule and micro-batch count)."""
+        key = (id(sg), lay.schedule, lay.num_micro_batches)  # sg lives as long as the cache
+        found = self._flights.get(key)
+        if found is None:
+            m = lay.num_micro_batches
+            found = self._flights[key] = tuple(
+                self.flight(lay.schedule, i, lay.pp, lay.vp, m, sig.chunks)
+                for i, sig in zip(sg.first_index, sg.sigs))
+        return found
+
+    def flight(self, schedule: str, stage: int, pp: int, vp: int, m: int,
+               chunks: tuple[int, ...]) -> float:
+        """``memory.in_flight``, cached (only the interleaved count takes any work)."""
+        if vp == 1 or schedule != "interleaved":
+            if pp == 1:
+                return 1.0
+            return float(m) if schedule == "gpipe" else float(min(pp - stage, m))
+        key = (stage, pp, vp, m, chunks)
         found = self._flight.get(key)
         if found is None:
-            found = self._flight[key] = in_flight(lay.schedule, stage, lay.pp, lay.vp,
-                                                  lay.num_micro_batches)
+            found = self._flight[key] = in_flight(schedule, stage, pp, vp, m, chunks)
         return found
 
     # -- costing ---------------------------------------------------------------------------
@@ -262,6 +289,8 @@ class Estimator:
         tokens = lay.micro_batch_size * lay.seq_len / lay.cp
         tokens_sp = tokens / t if lay.sequence_parallel else tokens
         host, coll, net, span = dev.host_s, dev.host_coll_s, self.net, spans["tp"]
+        if t > 1:  # ops on tensor-parallel (DTensor) tensors
+            host += dev.host_sharded_s
         f = b = tf = tb = 0.0
         msg = ACT_BYTES * tokens * h
         sp = lay.sequence_parallel
@@ -312,7 +341,7 @@ class Estimator:
             tr.tied_s
         st.dp_tail_ag_s = exposed(tr.step_gather_s, st.fwd_s, tr.step_gather_edge_s,
                                   overlap=ov, slowdown=sigma)
-        st.dp_comm_s = tr.total_s(lay.num_micro_batches)
+        st.dp_comm_s = tr.step_s
         grad_bytes = int(gbytes * st.params.total)
         size = max(1, int(lay.bucket_mb * 1e6))
         full, rest = divmod(grad_bytes, size)
@@ -322,6 +351,11 @@ class Estimator:
         opt = p.dense + p.expert if lay.zero == 0 else \
             p.dense / shards + p.expert / max(1, shards // lay.ep)
         st.optimizer_s = max(dev.memory_s(OPT_BYTES_PER_PARAM * opt), 4 * dev.host_s)
+
+
+def _gemm_input_bytes(precision: str) -> float:
+    """Bytes per element of a GEMM input saved for the backward."""
+    return 1.0 if precision == "fp8" else float(ACT_BYTES)
 
 
 def _gcd(a: int, b: int) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainpilot.perf.layer import ACT_BYTES, LayerCost
-from trainpilot.perf.memory import bytes_per_param, in_flight
+from trainpilot.perf.memory import bytes_per_param
 from trainpilot.perf.stages import (
     _MODE_INDEX,
     OPT_BYTES_PER_PARAM,
@@ -39,7 +39,7 @@ class Group:
         else:
             self.spans, self.sg, self.params, self.dev = like.spans, like.sg, like.params, \
                 like.dev
-        self.flight = tuple(est._in_flight(lay, i) for i in self.sg.first_index)
+        self.flight = est.flights(lay, self.sg)
         self.p2p = est._p2p(lay, self.spans)
         self.tokens = lay.micro_batch_size * lay.seq_len / lay.cp
         self.shards = (lay.dp_shard or lay.dp) * lay.cp
@@ -108,7 +108,7 @@ class Group:
         for k, (_, _, _, static, act, edge) in enumerate(self._coefficients(zero, mode, sp)):
             i = self.sg.first_index[k]
             flight = self.flight[k] if mb == lay.micro_batch_size else \
-                in_flight(lay.schedule, i, lay.pp, lay.vp, m)
+                self.est.flight(lay.schedule, i, lay.pp, lay.vp, m, self.sg.sigs[k].chunks)
             total = static[0] + mb * (static[1] + edge + flight * act)
             if total > peak:
                 peak, peak_stage = total, i
@@ -148,6 +148,7 @@ class Group:
         tokens = lay.seq_len / lay.cp  # per sample
         tokens_sp = tokens / t if sp else tokens
         reserved = self.dev.curve.reserved_gib * 2**30
+        grad_bytes = est.options.grad_bytes_for(lay.precision)
         found = []
         for k, sig in enumerate(sg.sigs):
             params = self.params[k]
@@ -161,8 +162,9 @@ class Group:
             if mode != "none" and sig.ids:  # the backward re-materialises one layer
                 worst = moe if sig.n_moe else dense
                 per_sample += worst[0] - worst[pick]
-            if zero == 3:  # FSDP: the gathered layer, the prefetched one, their gradients
-                fixed += 3 * ACT_BYTES * params.largest_layer
+            if zero == 3:  # FSDP: the layer in use and the prefetched one (16-bit), the
+                # layer's 16-bit gradients and their copy in the reduce dtype being scattered
+                fixed += (3 * ACT_BYTES + grad_bytes) * params.largest_layer
             weights = w_d * params.dense + w_e * params.expert
             grads = g_d * params.dense + g_e * params.expert
             optim = o_d * params.dense + o_e * params.expert
@@ -235,9 +237,10 @@ class Group:
             crit = max(crit, period)
         return crit / self.base.micro_batch_size
 
-    def layer_sample_time(self, sp: bool) -> float:
-        """All decoder layers' compute and TP/EP communication per sample at this layout's
-        micro-batch size, no recomputation (the search's coarse bound)."""
+    def layer_sample_time(self, sp: bool) -> tuple[float, float]:
+        """(all decoder layers, the cheaper single layer): compute and TP/EP communication
+        per sample at this layout's micro-batch size, no recomputation (the search's coarse
+        bound)."""
         dense, moe = self.layers(sp)
         d = dense.fwd_compute_s + dense.bwd_compute_s + dense.tp_fwd_s + dense.tp_bwd_s + \
             dense.ep_fwd_s + dense.ep_bwd_s
@@ -245,7 +248,9 @@ class Group:
             moe.ep_fwd_s + moe.ep_bwd_s
         num_moe = self.est.model.num_moe_layers
         layers = self.est.model.num_hidden_layers
-        return ((layers - num_moe) * d + num_moe * e) / self.base.micro_batch_size
+        cheapest = min(d, e) if num_moe else d
+        mb = self.base.micro_batch_size
+        return ((layers - num_moe) * d + num_moe * e) / mb, cheapest / mb
 
     def min_optimizer_s(self) -> float:
         """The optimizer step of the busiest stage with its state fully sharded."""

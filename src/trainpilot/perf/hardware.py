@@ -21,6 +21,9 @@ from trainpilot.specs import ClusterSpec, SpecError
 _DATA = "efficiency.yaml"
 _KEYS = {"gemm_efficiency", "flash_attention_efficiency", "hbm_efficiency",
          "host_us_per_kernel", "host_us_per_collective", "overlap_slowdown", "reserved_gib"}
+# Optional keys and their defaults (files written before they existed stay valid).
+_OPTIONAL = {"collective_library": "nccl", "host_us_per_sharded_op": 0.0}
+_LIBRARIES = ("nccl", "rccl", "hccl", "gloo")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +38,8 @@ class EfficiencyCurve:
     host_us_per_collective: float
     overlap_slowdown: float
     reserved_gib: float
+    collective_library: str = "nccl"  # the device family's usual library (its algorithms)
+    host_us_per_sharded_op: float = 0.0  # extra host time per op on a TP-sharded (DTensor) tensor
     _xs: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _ys: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
@@ -62,6 +67,12 @@ class EfficiencyCurve:
         if self.overlap_slowdown < 1:
             raise SpecError(f"efficiency.{self.name}.overlap_slowdown", self.overlap_slowdown,
                             "valid: >= 1")
+        if self.collective_library not in _LIBRARIES:
+            raise SpecError(f"efficiency.{self.name}.collective_library",
+                            self.collective_library, f"valid: {', '.join(_LIBRARIES)}")
+        if self.host_us_per_sharded_op < 0:
+            raise SpecError(f"efficiency.{self.name}.host_us_per_sharded_op",
+                            self.host_us_per_sharded_op, "valid: >= 0")
         object.__setattr__(self, "_xs", tuple(xs))
         object.__setattr__(self, "_ys", tuple(ys))
 
@@ -84,24 +95,28 @@ class EfficiencyCurve:
                     hbm_efficiency=self.hbm_efficiency,
                     host_us_per_kernel=self.host_us_per_kernel,
                     host_us_per_collective=self.host_us_per_collective,
-                    overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib)
+                    overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib,
+                    collective_library=self.collective_library,
+                    host_us_per_sharded_op=self.host_us_per_sharded_op)
 
     def replace(self, **changes: Any) -> EfficiencyCurve:
         data = dict(name=self.name, gemm_points=self.gemm_points,
                     flash_attention_efficiency=self.flash_attention_efficiency,
                     hbm_efficiency=self.hbm_efficiency, host_us_per_kernel=self.host_us_per_kernel,
                     host_us_per_collective=self.host_us_per_collective,
-                    overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib)
+                    overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib,
+                    collective_library=self.collective_library,
+                    host_us_per_sharded_op=self.host_us_per_sharded_op)
         data.update(changes)
         return EfficiencyCurve(**data)
 
 
 def curve_from_dict(name: str, data: dict[str, Any]) -> EfficiencyCurve:
     """Build a curve from one YAML entry; unknown or missing keys are SpecErrors."""
-    unknown = set(data) - _KEYS
+    unknown = set(data) - _KEYS - set(_OPTIONAL)
     if unknown:
         raise SpecError(f"efficiency.{name}.{sorted(unknown)[0]}", "<key>",
-                        f"unknown key; valid keys: {', '.join(sorted(_KEYS))}")
+                        f"unknown key; valid keys: {', '.join(sorted(_KEYS | set(_OPTIONAL)))}")
     missing = _KEYS - set(data)
     if missing:
         raise SpecError(f"efficiency.{name}.{sorted(missing)[0]}", "<missing>",
@@ -113,6 +128,9 @@ def curve_from_dict(name: str, data: dict[str, Any]) -> EfficiencyCurve:
         host_us_per_kernel=float(data["host_us_per_kernel"]),
         host_us_per_collective=float(data["host_us_per_collective"]),
         overlap_slowdown=float(data["overlap_slowdown"]), reserved_gib=float(data["reserved_gib"]),
+        collective_library=str(data.get("collective_library", _OPTIONAL["collective_library"])),
+        host_us_per_sharded_op=float(data.get("host_us_per_sharded_op",
+                                              _OPTIONAL["host_us_per_sharded_op"])),
     )
 
 
@@ -154,6 +172,12 @@ class Device:
     def host_s(self) -> float:
         """Host time to issue one kernel."""
         return self.curve.host_us_per_kernel * 1e-6
+
+    @property
+    def host_sharded_s(self) -> float:
+        """Extra host time per op on a tensor-parallel (DTensor) tensor: sharding propagation
+        and redistribution checks that a plain tensor does not pay."""
+        return self.curve.host_us_per_sharded_op * 1e-6
 
     @property
     def host_coll_s(self) -> float:

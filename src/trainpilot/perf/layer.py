@@ -18,7 +18,11 @@ generalised to GQA, MLA, SwiGLU and MoE by the actual tensor shapes:
 * attention scores without FlashAttention: softmax output (2), dropout mask (1) and output (2)
   bytes per score, ``5 a s^2 b / t``;
 * selective recompute drops the scores; full recompute keeps only the layer input, ``2sbh``
-  (``/t`` with sequence parallelism).
+  (``/t`` with sequence parallelism);
+* under fp8 the saved inputs of the GEMMs (QKV, output projection, fc1, fc2, the permuted
+  expert inputs, MLA's latents) are kept as their 1-byte quantized copies, as Transformer
+  Engine does and DeepSeek-V3 reports (sec. 3.3.3); norm inputs, attention inputs (Q, K, V)
+  and activation-function inputs stay 16-bit.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class LayerSetup:
     flash_attention: bool
     dropout: bool
     ep_imbalance: float = 1.0
+    gemm_input_bytes: float = ACT_BYTES  # bytes per saved GEMM input element (1 under fp8)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,7 +154,9 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     h, a = model.hidden_size, model.num_attention_heads
     qk, vd, kvh = _head_dims(model)
     a_t, kv_t = a / t, kvh / t
-    fwd, bwd = _Ops(dev.host_s), _Ops(dev.host_s)
+    # Ops on tensor-parallel (DTensor) tensors pay the sharding dispatch on the host too.
+    host = dev.host_s + (dev.host_sharded_s if t > 1 else 0.0)
+    fwd, bwd = _Ops(host), _Ops(host)
 
     # Attention projections.
     proj_fwd = proj_bwd = 0.0
@@ -158,7 +165,7 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
         proj_bwd += bwd.add(2 * dev.gemm_s(m, n, k), 2)
 
     # Attention core.
-    core = _Ops(dev.host_s)
+    core = _Ops(host)
     if st.flash_attention:
         flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL
         core.add(dev.attention_s(flops))
@@ -290,23 +297,26 @@ def _activation_bytes(model: ModelSpec, moe_layer: bool, st: LayerSetup, m: floa
     """(no recompute, selective, full) activation bytes of one layer, one micro-batch."""
     h, a, t = model.hidden_size, model.num_attention_heads, st.tp
     qk, vd, kvh = _head_dims(model)
+    g = st.gemm_input_bytes  # saved GEMM inputs (1 under fp8: the quantized copy is kept)
     masks = 2 * m_sp * h if st.dropout else 0.0
-    replicated = ACT_BYTES * 4 * m_sp * h + masks
-    sharded = ACT_BYTES * m * (a * qk + kvh * qk + kvh * vd + a * vd) / t
+    replicated = (2 * ACT_BYTES + 2 * g) * m_sp * h + masks  # norm inputs; QKV, fc1 inputs
+    sharded = (ACT_BYTES * (a * qk + kvh * qk + kvh * vd) + g * a * vd) * m / t
     if model.mla is not None:  # latent inputs of the up-projections, not split by TP
-        replicated += ACT_BYTES * m * (model.mla.q_lora_rank + model.mla.kv_lora_rank
-                                       + model.mla.qk_rope_head_dim)
+        replicated += g * m * (model.mla.q_lora_rank + model.mla.kv_lora_rank
+                               + model.mla.qk_rope_head_dim)
     gate = 2 if model.activation == "swiglu" else 1
+    per_width = gate * ACT_BYTES + g  # activation-function input, fc2 input
+
     if moe_layer:
         moe = model.moe
         assert moe is not None
         pairs = m * moe.top_k
-        sharded += ACT_BYTES * pairs * h  # permuted expert inputs
-        sharded += ACT_BYTES * pairs * moe.expert_intermediate_size * (gate + 1) / t
+        sharded += g * pairs * h  # permuted expert inputs
+        sharded += pairs * moe.expert_intermediate_size * per_width / t
         if moe.num_shared_experts:
-            sharded += ACT_BYTES * m * moe.shared_width * (gate + 1) / t
+            sharded += m * moe.shared_width * per_width / t
     else:
-        sharded += ACT_BYTES * m * int(model.intermediate_size) * (gate + 1) / t
+        sharded += m * int(model.intermediate_size) * per_width / t
     b = st.micro_batch_size
     if st.flash_attention:
         scores = 4.0 * b * (a / t) * s_loc  # fp32 log-sum-exp per query row

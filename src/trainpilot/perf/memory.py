@@ -9,7 +9,8 @@ state is sharded over (dp x cp; dp x cp / ep for expert parameters):
 * zero 1, Megatron's distributed optimizer: 2 + 4 + 12/d = 6 + 12/d;
 * zero 2 (ZeRO paper): 2 + (2 + 12)/d;
 * zero 3 / FSDP (ZeRO paper): 16/d, plus the gathered-layer buffer (one layer's full 16-bit
-  weights in use, the next one prefetched, and its 16-bit gradients before the reduce-scatter).
+  weights in use, the next one prefetched, its 16-bit gradients and their copy in the reduce
+  dtype - fp32 by default for bf16 - being reduce-scattered).
 """
 
 from __future__ import annotations
@@ -70,8 +71,13 @@ def stage_rank_params(model: ModelSpec, layer_ids: range, *, tp: int, ep: int, f
     pp > 1 the last stage keeps its own copy of the embedding, as Megatron does)."""
     h, v = model.hidden_size, model.vocab_size
     dense = expert = largest = 0.0
+    kinds: dict[bool, tuple[float, float]] = {}  # a layer's parameters depend on its kind only
     for i in layer_ids:
-        d, e = layer_rank_params(model, i, tp, ep)
+        moe = model.is_moe_layer(i)
+        found = kinds.get(moe)
+        if found is None:
+            found = kinds[moe] = layer_rank_params(model, i, tp, ep)
+        d, e = found
         dense, expert, largest = dense + d, expert + e, max(largest, d + e)
     if first:
         dense += v * h / tp
@@ -84,16 +90,23 @@ def stage_rank_params(model: ModelSpec, layer_ids: range, *, tp: int, ep: int, f
     return RankParams(dense, expert, largest)
 
 
-def in_flight(schedule: str, stage: int, pp: int, vp: int, num_micro_batches: int) -> float:
+def in_flight(schedule: str, stage: int, pp: int, vp: int, num_micro_batches: int,
+              chunks: tuple[int, ...] = ()) -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the
-    stage's full layer set (an interleaved chunk counts 1/vp)."""
+    stage's full layer set (an interleaved chunk counts its share of the stage's layers).
+
+    Interleaved (Megatron): before its first backward, rank i runs ``2(p - i - 1) + (v - 1)p``
+    warm-up forwards plus one, forward ``j`` on chunk ``(j // p) % v``; with ``chunks`` (layers
+    per virtual stage, uneven at the edge stages) each held forward weighs its chunk's layers."""
     m = num_micro_batches
     if pp == 1:
         return 1.0
     if schedule == "gpipe":
         return float(m)
     if schedule == "interleaved" and vp > 1:
-        # Megatron: warm-up of 2(p - i - 1) + (v - 1)p chunks, plus the one in flight.
-        chunks = 2 * (pp - stage - 1) + (vp - 1) * pp + 1
-        return min(chunks, m * vp) / vp
+        passes = min(2 * (pp - stage - 1) + (vp - 1) * pp + 1, m * vp)
+        total = sum(chunks)
+        if not total or len(set(chunks)) == 1:
+            return passes / vp
+        return sum(chunks[(j // pp) % vp] for j in range(passes)) / total
     return float(min(pp - stage, m))  # 1F1B and zero-bubble (ZB-H1 keeps 1F1B's peak)

@@ -32,7 +32,8 @@ class StageCost:
     fwd_s: float
     bwd_s: float
     p2p_s: float  # one activation (or gradient) transfer to the neighbouring stage
-    dp_comm_s: float  # per step: this stage's gradient reduce / ZeRO traffic, not overlapped
+    dp_comm_s: float  # per step: gradient reduce / parameter gathers issued once per step, not
+    # overlapped; ZeRO-2/3's per-micro-batch traffic is in fwd_s/bwd_s (its exposed part)
     dp_bucket_bytes: tuple[int, ...]  # gradient buckets in launch order (last layer first)
     optimizer_s: float  # per step
     ep_comm_s: float  # EP all-to-all, forward + backward (+ recompute)
@@ -98,6 +99,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
 
 # Device curves fitted to measured iterations (see perf/data/efficiency.yaml).
 CALIBRATED_CURVES = ("a100",)
+# Device curves built from public measurements only and checked (never fitted) on held-out rows.
+CHECKED_CURVES = {
+    "h100": "h100 efficiency data is not fitted to any run; checked only on Llama 3 405B "
+            "pre-training (8K-16K GPUs, within 11%)",
+}
 
 
 def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
@@ -107,7 +113,9 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
     backward) never measured. An empty tuple means the plan is inside the validated regime."""
     out = []
     curve = cluster.device.efficiency_curve or cluster.device.name
-    if curve not in CALIBRATED_CURVES:
+    if curve in CHECKED_CURVES:
+        out.append(CHECKED_CURVES[curve])
+    elif curve not in CALIBRATED_CURVES:
         out.append(f"{curve} efficiency data is not calibrated against measured runs")
     if plan.zero >= 2:
         out.append(f"ZeRO-{plan.zero} traffic overlap is modelled, not validated")

@@ -64,13 +64,14 @@ def layout_of(model: ModelSpec, plan: Plan) -> Layout:
 
 @dataclass(frozen=True, slots=True)
 class _Sig:
-    """What makes pipeline ranks cost the same: their layers and whether they hold the
-    embedding (first) or the output layer (last)."""
+    """What makes pipeline ranks cost the same: their layers, how they split into virtual
+    stages, and whether they hold the embedding (first) or the output layer (last)."""
 
     ids: tuple[int, ...]
     n_moe: int
     first: bool
     last: bool
+    chunks: tuple[int, ...] = ()  # layers per virtual stage (interleaving)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,7 @@ class StageNumbers:
     ep_s: float = 0.0
     cp_s: float = 0.0
     p2p_s: float = 0.0
-    dp_comm_s: float = 0.0  # per step, if nothing overlapped
+    dp_comm_s: float = 0.0  # per step, step-level traffic (Traffic.step_s), if not overlapped
     dp_tail_rs_s: float = 0.0  # gradient traffic left after the backward overlap
     dp_tail_ag_s: float = 0.0  # parameter gathers left after the forward overlap
     dp_exposed_s: float = 0.0  # per step, after overlap and pipeline slack

@@ -20,6 +20,17 @@ already includes the tier's achieved efficiency):
 * all-to-all: the ``(n-g)/n`` share that leaves the node goes over the device's own NIC;
 * groups spanning racks use the inter-rack tier (same bandwidth in a non-blocking fat tree,
   more latency).
+
+Those are NCCL's (and RCCL's, HCCL's) algorithms. Gloo (``collective_library: gloo``, the
+default for the ``cpu`` device family) runs one ring over all ranks in rank order, with no
+aggregation of a node's NICs: a ring step moves ``S/n`` over every edge at once and waits for
+the slowest (an inter-node edge as soon as the group spans nodes), each step paying that edge's
+per-message latency. All-reduce ``2(n-1) (alpha + S/(n B))``; all-gather ``(n-1) (alpha +
+S/(n B))``; reduce-scatter costs an all-reduce (gloo's ``reduce_scatter`` all-reduces and keeps
+a slice: measured 1.5 x the payload on the wire at 4 ranks, docs/comm.md). ``hierarchical``
+is the runtime's staged all-reduce (``runtime/comm/hierarchical.py``): an all-to-all inside the
+node (the reduce-scatter), a ring all-reduce of ``S/g`` among the ranks of the same local index
+(each on its own link), a ring all-gather inside the node.
 """
 
 from __future__ import annotations
@@ -27,16 +38,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from trainpilot.specs import ClusterSpec, LinkSpec, Plan
 
 AXES = ("tp", "cp", "dp_ep", "pp", "dp")
 
 
-@dataclass(frozen=True)
-class GroupSpan:
+class GroupSpan(NamedTuple):
     """Where one parallel group lies: ``size`` ranks, ``per_node`` of them in each of ``nodes``
-    nodes, over ``racks`` racks."""
+    nodes, over ``racks`` racks. (A named tuple: spans key the estimator's caches on the
+    search's hot path, and a tuple hashes in C.)"""
 
     size: int
     per_node: int
@@ -170,7 +182,8 @@ class Placement:
 
 @dataclass(frozen=True)
 class Network:
-    """The three tiers' effective bandwidth (bytes/s) and latency (s)."""
+    """The three tiers' effective bandwidth (bytes/s) and latency (s), and the collective
+    library whose algorithms run on them."""
 
     intra_bw: float
     intra_lat: float
@@ -178,16 +191,25 @@ class Network:
     inter_lat: float
     rack_bw: float
     rack_lat: float
+    library: str = "nccl"
 
     @classmethod
-    def of(cls, cluster: ClusterSpec) -> Network:
+    def of(cls, cluster: ClusterSpec, default_library: str = "nccl") -> Network:
+        """The cluster's tiers; the library is the cluster's ``collective_library`` if set,
+        else ``default_library`` (the device family's, from its efficiency data)."""
         def bw_lat(link: LinkSpec) -> tuple[float, float]:
             return link.bytes_per_s, link.latency_us * 1e-6
 
         ib, il = bw_lat(cluster.network.intra_node)
         nb, nl = bw_lat(cluster.network.inter_node)
         rb, rl = bw_lat(cluster.inter_rack)
-        return cls(ib, il, nb, nl, rb, rl)
+        return cls(ib, il, nb, nl, rb, rl,
+                   cluster.network.collective_library or default_library)
+
+    @property
+    def single_ring(self) -> bool:
+        """Gloo: one ring over all ranks, no multi-NIC aggregation."""
+        return self.library == "gloo"
 
     def _outer(self, span: GroupSpan) -> tuple[float, float]:
         return (self.rack_bw, self.rack_lat) if span.racks > 1 else (self.inter_bw, self.inter_lat)
@@ -199,8 +221,10 @@ class Network:
 
     def reduce_scatter_s(self, span: GroupSpan, num_bytes: float, *,
                          hierarchical: bool = False) -> float:
-        """Reduce-scatter of a ``num_bytes`` input buffer (each rank keeps 1/n)."""
-        return self._reduce_like(span, num_bytes, 1.0, hierarchical)
+        """Reduce-scatter of a ``num_bytes`` input buffer (each rank keeps 1/n); on gloo an
+        all-reduce."""
+        return self._reduce_like(span, num_bytes, 2.0 if self.single_ring else 1.0,
+                                 hierarchical)
 
     def all_gather_s(self, span: GroupSpan, num_bytes: float, *,
                      hierarchical: bool = False) -> float:
@@ -212,6 +236,8 @@ class Network:
         n = span.size
         if n <= 1 or num_bytes <= 0:
             return 0.0
+        if self.single_ring:
+            return self._ring_s(span, num_bytes, passes, hierarchical)
         g, nodes = span.per_node, span.nodes
         intra = passes * (g - 1) / g * num_bytes / self.intra_bw if g > 1 else 0.0
         if nodes == 1:
@@ -225,6 +251,20 @@ class Network:
         else:  # one ring over all n ranks: each step waits for its slowest (inter-node) hop
             lat = (n - 1) * hop
         return (intra + inter if hierarchical else max(intra, inter)) + lat
+
+    def _ring_s(self, span: GroupSpan, num_bytes: float, passes: float,
+                hierarchical: bool) -> float:
+        """Gloo: ``passes * (n-1)`` ring steps of ``S/n`` over the slowest edge; hierarchical
+        all-reduce as the runtime's staged one (see the module docstring)."""
+        n, g, nodes = span.size, span.per_node, span.nodes
+        bw, lat = (self.intra_bw, self.intra_lat) if nodes <= 1 else self._outer(span)
+        if not (hierarchical and passes == 2.0 and nodes > 1 and g > 1):
+            return passes * (n - 1) * (lat + num_bytes / (n * bw))
+        piece = num_bytes / g  # what each rank owns after the intra-node all-to-all
+        scatter = (g - 1) / g * num_bytes / self.intra_bw + self.intra_lat
+        across = 2 * (nodes - 1) * (lat + piece / (nodes * bw))
+        gather = (g - 1) * (self.intra_lat + piece / self.intra_bw)
+        return scatter + across + gather
 
     def all_to_all_s(self, span: GroupSpan, num_bytes: float) -> float:
         """All-to-all where each rank holds ``num_bytes`` spread evenly over the group."""

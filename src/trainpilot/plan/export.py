@@ -13,6 +13,7 @@ import shlex
 
 from trainpilot.perf.predict import Prediction
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError, dump
+from trainpilot.specs.job import stage_layers, virtual_stage_layers
 
 FORMATS = ("yaml", "megatron", "torchtitan", "slurm")
 
@@ -53,13 +54,7 @@ def megatron_args(plan: Plan, model: ModelSpec) -> str:
 
     add("--tensor-model-parallel-size", plan.tp)
     add("--pipeline-model-parallel-size", plan.pp)
-    if plan.vp > 1:
-        add("--num-layers-per-virtual-pipeline-stage",
-            model.num_hidden_layers // (plan.pp * plan.vp))
-    if plan.pp_first_stage_layers is not None:
-        add("--decoder-first-pipeline-num-layers", plan.pp_first_stage_layers)
-    if plan.pp_last_stage_layers is not None:
-        add("--decoder-last-pipeline-num-layers", plan.pp_last_stage_layers)
+    args += _megatron_stage_args(plan, model)
     if plan.ep > 1:
         add("--expert-model-parallel-size", plan.ep)
     if plan.cp > 1:
@@ -97,6 +92,45 @@ def megatron_args(plan: Plan, model: ModelSpec) -> str:
     lines = [f"# {note}" for note in notes]
     lines.append(" \\\n".join(args))
     return "\n".join(lines) + "\n"
+
+
+def _megatron_stage_args(plan: Plan, model: ModelSpec) -> list[str]:
+    """How the layers split over (virtual) pipeline stages, in Megatron-core's flags:
+    ``--decoder-first/last-pipeline-num-layers`` (with ``--num-virtual-stages-per-pipeline-rank``
+    when interleaved) where every stage divides evenly into its virtual stages; the
+    embedding/loss accounting flags where each edge stage is one layer short of a middle one
+    and that layer comes off its outer chunk (Llama 3 405B); ``--pipeline-model-parallel-layout``
+    for any other short outer chunk."""
+    uneven = plan.pp_first_stage_layers is not None or plan.pp_last_stage_layers is not None
+    if plan.vp == 1 or not uneven:
+        out = []
+        if plan.vp > 1:
+            out.append(f"--num-layers-per-virtual-pipeline-stage "
+                       f"{model.num_hidden_layers // (plan.pp * plan.vp)}")
+        if plan.pp_first_stage_layers is not None:
+            out.append(f"--decoder-first-pipeline-num-layers {plan.pp_first_stage_layers}")
+        if plan.pp_last_stage_layers is not None:
+            out.append(f"--decoder-last-pipeline-num-layers {plan.pp_last_stage_layers}")
+        return out
+    chunks = virtual_stage_layers(model, plan)
+    if all(len(set(c)) == 1 for c in chunks):
+        out = [f"--num-virtual-stages-per-pipeline-rank {plan.vp}"]
+        if plan.pp_first_stage_layers is not None:
+            out.append(f"--decoder-first-pipeline-num-layers {plan.pp_first_stage_layers}")
+        if plan.pp_last_stage_layers is not None:
+            out.append(f"--decoder-last-pipeline-num-layers {plan.pp_last_stage_layers}")
+        return out
+    mid = chunks[1] if plan.pp > 2 else None
+    if mid and chunks[0] == [mid[0] - 1] + mid[1:] and chunks[-1] == mid[:-1] + [mid[-1] - 1]:
+        return [f"--num-virtual-stages-per-pipeline-rank {plan.vp}",
+                "--account-for-embedding-in-pipeline-split",
+                "--account-for-loss-in-pipeline-split"]
+    stages = []  # model order: chunk 0 of every rank, then chunk 1, ...
+    for k in range(plan.vp):
+        for i in range(plan.pp):
+            text = ("E" if (k, i) == (0, 0) else "") + "t" * chunks[i][k]
+            stages.append(text + ("L" if (k, i) == (plan.vp - 1, plan.pp - 1) else ""))
+    return [f"--pipeline-model-parallel-layout {shlex.quote('|'.join(stages))}"]
 
 
 def _model_args(model: ModelSpec) -> list[str]:
@@ -169,13 +203,7 @@ def torchtitan_toml(plan: Plan, model: ModelSpec) -> str:
         lines.append(f'pipeline_parallel_schedule = "{_TITAN_SCHEDULES[str(plan.pp_schedule)]}"')
         lines.append(f"pipeline_parallel_microbatch_size = {plan.micro_batch_size}")
         if plan.pp_first_stage_layers is not None or plan.pp_last_stage_layers is not None:
-            from trainpilot.specs import stage_layers
-
-            cuts, start = [], 0
-            for count in stage_layers(model, plan)[:-1]:
-                start += count
-                cuts.append(f'"layers.{start}"')
-            lines.append(f"pipeline_parallel_split_points = [{', '.join(cuts)}]")
+            lines += _titan_uneven_stages(plan, model)
         else:
             per_stage = model.num_hidden_layers // (plan.pp * plan.vp)
             lines.append(f"pipeline_parallel_layers_per_stage = {per_stage}")
@@ -185,6 +213,31 @@ def torchtitan_toml(plan: Plan, model: ModelSpec) -> str:
               f"global_batch_size = {plan.global_batch_size}", f"seq_len = {plan.seq_len}",
               "", "[activation_checkpoint]", f'mode = "{plan.recompute}"']
     return "\n".join(lines) + "\n"
+
+
+def _titan_uneven_stages(plan: Plan, model: ModelSpec) -> list[str]:
+    """Uneven stages for torchtitan: split points between the stages (vp = 1), or, with
+    interleaving, the modules of each of the pp * vp model parts in model order (torchtitan
+    assigns part s to rank s % pp, as Megatron does), which can also express a part holding
+    only the embedding or only the output layer."""
+    if plan.vp == 1:
+        cuts, start = [], 0
+        for count in stage_layers(model, plan)[:-1]:
+            start += count
+            cuts.append(f'"layers.{start}"')
+        return [f"pipeline_parallel_split_points = [{', '.join(cuts)}]"]
+    chunks = virtual_stage_layers(model, plan)
+    parts, start = [], 0
+    for k in range(plan.vp):
+        for i in range(plan.pp):
+            names = [f'"layers.{j}"' for j in range(start, start + chunks[i][k])]
+            start += chunks[i][k]
+            if (k, i) == (0, 0):
+                names.insert(0, '"tok_embeddings"')
+            if (k, i) == (plan.vp - 1, plan.pp - 1):
+                names += ['"norm"', '"output"']
+            parts.append(f"[{', '.join(names)}]")
+    return [f"module_fqns_per_model_part = [{', '.join(parts)}]"]
 
 
 def slurm_script(plan: Plan, model: ModelSpec, cluster: ClusterSpec, *,

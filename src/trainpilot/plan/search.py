@@ -287,23 +287,30 @@ class _Walk:
         return Group(self.est, lay, like)
 
     def _coarse_bound(self, family) -> float:
-        """A bound shared by every family with the same (tp, cp, ep): the slowest stage takes
-        at least the average stage, i.e. all layers' time / pp, and a layer's time per sample
-        is at least its time per sample at a micro-batch as large as the whole global batch
-        (per-sample time never rises with the micro-batch). No recomputation, no data-parallel
-        traffic, no bubble."""
+        """A bound shared by every family with the same (tp, cp, ep), given its pp, split and
+        vp: the slowest stage takes at least the average (all layers' time / pp) and at least
+        its busiest rank's layers at the cheaper layer's time, per micro-batch; the bubble,
+        (sum of the stages' times - the slowest one's) / vp, is at least the layers off the
+        busiest rank, one sample each, / vp. A layer's time per
+        sample is at least its time per sample at a micro-batch as large as the whole global
+        batch (per-sample time never rises with the micro-batch). No recomputation, no
+        data-parallel or pipeline traffic."""
         base, _, variants, _ = family
         key = (base["tp"], base["cp"], base["ep"])
-        per_layer = self.coarse.get(key)
-        if per_layer is None:
+        found = self.coarse.get(key)
+        if found is None:
             # Layer costs depend on tp, cp, ep (and their groups' spans, which the family's
             # own dp and pp leave unchanged) and the micro-batch: probe at the global batch.
             probe = Layout(zero=max(variants[0]), recompute="none", sequence_parallel=False,
                            micro_batch_size=self.gbs, **base)
             group = Group(self.est, probe)
-            per_layer = min(group.layer_sample_time(sp) for sp in variants[2])
-            self.coarse[key] = per_layer
-        return self.gbs / base["dp"] * per_layer / base["pp"]
+            times = [group.layer_sample_time(sp) for sp in variants[2]]
+            found = self.coarse[key] = (min(t[0] for t in times), min(t[1] for t in times))
+        per_layers, per_layer = found
+        busiest = max(base["stage_layers"])
+        slowest = max(per_layers / base["pp"], busiest * per_layer)
+        return self.gbs / base["dp"] * slowest + \
+            (self.model.num_hidden_layers - busiest) * per_layer / base["vp"]
 
     def _family_bound(self, family) -> float:
         """A bound for every micro-batch size of the family: for each recompute mode, the

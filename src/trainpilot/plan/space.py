@@ -6,9 +6,11 @@ as divisibility filters up front (so no candidate needs a pydantic round-trip).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 from functools import lru_cache
 
-from trainpilot.specs import ClusterSpec, ModelSpec
+from trainpilot.specs import ClusterSpec, ModelSpec, SpecError
+from trainpilot.specs.job import chunk_layers
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -71,7 +73,9 @@ def cp_options(seq_len: int, devices: int, space: SearchSpace) -> list[int]:
 
 def splits(num_layers: int, pp: int, space: SearchSpace) -> list[Split]:
     """Even splits (with every interleaving depth that divides them) and uneven ones whose
-    first and last stages hold up to ``max_edge_trim`` fewer layers than the middle ones."""
+    first and last stages hold up to ``max_edge_trim`` fewer layers than the middle ones, each
+    also with every interleaving depth ``specs.job.chunk_layers`` accepts (middle stages split
+    evenly; an edge stage evenly, or short by at most one chunk on its outer end)."""
     if pp == 1:
         return [Split((num_layers,), 1)]
     out = []
@@ -100,6 +104,14 @@ def splits(num_layers: int, pp: int, space: SearchSpace) -> list[Split]:
         layers = [mid] * pp
         layers[0], layers[-1] = first, last
         out.append(Split(tuple(layers), 1, first, last))
+        if not space.interleave:
+            continue
+        for vp in divisors(mid if pp > 2 else math.gcd(first, last))[1:]:
+            try:  # Megatron-core's split of uneven edge stages over virtual stages
+                chunk_layers(layers, vp)
+            except SpecError:
+                continue
+            out.append(Split(tuple(layers), vp, first, last))
     return out
 
 

@@ -98,9 +98,13 @@ def calibrated_cpu_cluster(num_devices: int, cal: Calibration) -> ClusterSpec:
         peak[key] = cal.matmul_tflops
     device = base.device.replace(peak_tflops=peak)
     network = base.network
-    if cal.allreduce_busbw_gbps is not None:
+    if cal.allreduce_busbw_gbps is not None and cal.allreduce_latency_us is not None:
+        # The cost model charges gloo's ring all-reduce 2 (n - 1) hops of the link latency, so
+        # the measured time of a tiny all-reduce is spread over those hops.
+        hops = 2 * max(1, num_devices - 1)
         link = network.intra_node.replace(gbytes_per_s=cal.allreduce_busbw_gbps,
-                                          latency_us=cal.allreduce_latency_us, efficiency=1.0)
+                                          latency_us=cal.allreduce_latency_us / hops,
+                                          efficiency=1.0)
         network = network.replace(intra_node=link)
     return base.replace(name=f"cpu-x{num_devices}-calibrated", device=device, network=network)
 

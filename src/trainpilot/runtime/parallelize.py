@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 from trainpilot.runtime.layout import Layout
-from trainpilot.specs import ModelSpec, stage_layers
+from trainpilot.specs import ModelSpec
+from trainpilot.specs.job import virtual_stage_layers
 
 
 @dataclass(kw_only=True)
@@ -79,16 +80,15 @@ def stage_plan(spec: ModelSpec, layout: Layout) -> list[tuple[int, list[int]]]:
     """(stage index, decoder layer ids) of each pipeline stage on this rank.
 
     Stages are numbered 0 .. pp*vp-1 in model order; rank r holds r, r+pp, ... (Megatron's
-    interleaving). With vp = 1 the per-rank counts follow ``stage_layers`` (uneven first/last).
+    interleaving). Counts follow ``virtual_stage_layers`` (uneven first/last stages, also with
+    vp > 1): model-order stage s is chunk s // pp of rank s % pp.
     """
     plan = layout.plan
     if plan.pp == 1:
         return [(0, list(range(spec.num_layers)))]
     num_stages = plan.pp * plan.vp
-    if plan.vp == 1:
-        counts = stage_layers(spec, plan)
-    else:
-        counts = [spec.num_layers // num_stages] * num_stages
+    chunks = virtual_stage_layers(spec, plan)
+    counts = [chunks[s % plan.pp][s // plan.pp] for s in range(num_stages)]
     starts = [sum(counts[:i]) for i in range(num_stages)]
     mine = range(layout.pp_rank, num_stages, plan.pp)
     return [(s, list(range(starts[s], starts[s] + counts[s]))) for s in mine]

@@ -44,18 +44,21 @@ def demo_availability(console, job: TrainJob) -> None:
              f"{avail_job.duration_h / 24:.1f} days, Llama 3 failure mix "
              f"(MTBF {failures.mtbf_h(avail_job.num_nodes):.1f} h), Monte-Carlo 500 runs")
     table = Table(title=title, title_justify="left")
-    for col in ("policy", "interval", "ETTR (95% CI)", "closed form", "interruptions",
-                "lost work h", "restart+restore h", "spare wait h", "wall days"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    for col in ("policy", "ckpt every", "ETTR ± 95%", "closed form", "failures", "lost h",
+                "recover h", "spares h", "wall days"):
+        table.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
     for policy, mc, cf in rows:
         b = mc.badput_h
         table.add_row(
             policy.name, f"{policy.checkpoint.interval_min:.1f} min",
-            f"{mc.ettr:.4f} ({mc.ettr_ci95[0]:.4f}-{mc.ettr_ci95[1]:.4f})",
+            f"{mc.ettr:.4f} ± {(mc.ettr_ci95[1] - mc.ettr_ci95[0]) / 2:.4f}",
             f"{cf.ettr:.4f}" if cf else "-", f"{mc.interruptions:.1f}",
             f"{b['lost_progress']:.1f}", f"{b['detection'] + b['restart'] + b['restore']:.1f}",
             f"{b['spare_wait']:.1f}", f"{avail_job.duration_h / 24 / mc.ettr:.1f}",
         )
     console.print(table)
-    console.print("Wall days = failure-free training days / ETTR. Closed form: exact for "
-                  "exponential failures when spares never run out; see docs/simulators.md.")
+    console.print("ETTR = productive time / wall time (Monte-Carlo mean and 95% interval). "
+                  "lost h: work redone after failures; recover h: detection + restart + restore; "
+                  "spares h: waiting for a replacement node. Wall days = failure-free training "
+                  "days / ETTR. Closed form: exact for exponential failures when spares never "
+                  "run out; see docs/simulators.md.")

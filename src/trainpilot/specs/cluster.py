@@ -50,6 +50,10 @@ class NetworkSpec(Spec):
     intra_node: LinkSpec
     inter_node: LinkSpec
     inter_rack: LinkSpec | None = None  # default: same as inter_node
+    # The collective library, whose algorithms the cost model follows (NCCL's multi-ring,
+    # rail-aligned collectives vs gloo's single ring over all ranks). Default: the device
+    # family's usual library (gloo for "cpu", NCCL otherwise).
+    collective_library: Literal["nccl", "rccl", "hccl", "gloo"] | None = None
 
 
 class ClusterSpec(Spec):

@@ -24,19 +24,78 @@ def stage_layers(model: ModelSpec, plan: Plan) -> list[int]:
     """Decoder layers held by each pipeline rank (all its virtual stages together).
 
     Even split unless ``pp_first_stage_layers`` / ``pp_last_stage_layers`` are set, in which case
-    the remaining layers split evenly over the middle stages (Megatron's uneven pipeline).
-    Raises SpecError when the layers cannot be split that way.
+    the remaining layers split evenly over the middle stages (Megatron's uneven pipeline). With
+    ``vp > 1`` each rank's layers are further split into virtual stages by
+    ``virtual_stage_layers``. Raises SpecError when the layers cannot be split that way.
     """
+    return [sum(chunks) for chunks in virtual_stage_layers(model, plan)]
+
+
+def virtual_stage_layers(model: ModelSpec, plan: Plan) -> list[list[int]]:
+    """Decoder layers of each virtual stage (model chunk) on each pipeline rank:
+    ``out[rank][chunk]``. Model order is chunk-major: chunk 0 of ranks 0 .. pp-1, then chunk 1
+    of ranks 0 .. pp-1, and so on (Megatron's interleaving).
+
+    Uneven first/last stages with ``vp > 1`` follow Megatron-core
+    (``get_transformer_layer_offset``): the middle stages' layers must split into ``vp`` equal
+    chunks; an edge stage whose count divides by ``vp`` gets ``count / vp`` per chunk
+    (``--decoder-first/last-pipeline-num-layers`` with ``--num-virtual-stages-per-pipeline-rank``);
+    otherwise the edge stage's shortfall against a middle stage comes off its outermost chunk
+    only (the first chunk of rank 0, the last chunk of the last rank), which is what
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` build
+    when the shortfall is one layer (Llama 3 405B: 126 layers on pp=16, the embedding and the
+    loss each standing in for one layer) and ``--pipeline-model-parallel-layout`` expresses in
+    general. Raises SpecError when the layers cannot be split that way.
+    """
+    layers = _rank_layers(model, plan)
+    return chunk_layers(layers, plan.vp, field="plan.vp")
+
+
+def chunk_layers(rank_layers: list[int] | tuple[int, ...], vp: int, *,
+                 field: str = "vp") -> list[list[int]]:
+    """Split each rank's layer count into ``vp`` virtual-stage counts (the rule of
+    ``virtual_stage_layers``). ``rank_layers``: layers per pipeline rank, first to last."""
+    pp = len(rank_layers)
+    if vp == 1:
+        return [[n] for n in rank_layers]
+    inner = rank_layers[1:-1] if pp > 2 else []
+    if pp > 2 and (len(set(inner)) != 1 or inner[0] % vp or inner[0] < vp):
+        raise SpecError(field, vp, f"middle stages hold {sorted(set(inner))} layers; valid: "
+                        f"equal middle stages of at least one layer per virtual stage, "
+                        f"their layer count a multiple of vp={vp}")
+    mid_chunk = inner[0] // vp if inner else None
+    out = [[n // vp] * vp for n in rank_layers]
+    for index in (0, pp - 1):
+        count = rank_layers[index]
+        if count % vp == 0:
+            continue
+        short = (mid_chunk or 0) * vp - count
+        if mid_chunk is None or not 0 < short <= mid_chunk:
+            raise SpecError(
+                field, vp,
+                f"stage {index} holds {count} layers: not a multiple of vp={vp}, nor the "
+                f"{(mid_chunk or 0) * vp} of a middle stage less at most one chunk "
+                f"({mid_chunk or 0} layers); valid: vp dividing {count}, or edge stages "
+                "short of a middle stage by at most one chunk")
+        chunks = [mid_chunk] * vp
+        chunks[0 if index == 0 else -1] -= short  # the embedding / the loss end
+        out[index] = chunks
+    return out
+
+
+def _rank_layers(model: ModelSpec, plan: Plan) -> list[int]:
+    """Layers per pipeline rank, before any interleaving."""
     num_layers, pp, vp = model.num_hidden_layers, plan.pp, plan.vp
     first, last = plan.pp_first_stage_layers, plan.pp_last_stage_layers
-    if pp * vp > num_layers:
+    even = first is None and last is None
+    if pp * vp > num_layers and (even or vp == 1):
         field = "plan.pp" if vp == 1 else "plan.vp"
         raise SpecError(
             field, pp if vp == 1 else vp,
             f"pp * vp = {pp * vp} exceeds num_hidden_layers={num_layers}; "
             f"valid: pp * vp <= {num_layers}",
         )
-    if first is None and last is None:
+    if even:
         if num_layers % (pp * vp):
             raise SpecError(
                 "plan.pp", pp,
@@ -45,8 +104,6 @@ def stage_layers(model: ModelSpec, plan: Plan) -> list[int]:
                 "pp_first_stage_layers / pp_last_stage_layers",
             )
         return [num_layers // pp] * pp
-    if vp > 1:
-        raise SpecError("plan.vp", vp, "uneven first/last pipeline stages need vp=1")
     fixed = [(0, first), (pp - 1, last)]
     middle = pp - sum(n is not None for _, n in fixed)
     rest = num_layers - sum(n or 0 for _, n in fixed)

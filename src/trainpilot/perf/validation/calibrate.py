@@ -1,7 +1,8 @@
 """Fit one device's efficiency data to the calibration rows (and only those).
 
 Free parameters: the GEMM efficiency at the curve's sizes of at least ``fit_min_log10`` FLOPs
-(kept increasing with size, as GEMM throughput is, and above the last fixed point), the achieved
+(kept increasing with size, as GEMM throughput is, above the last fixed point and at most the
+device's measured maximum achievable matmul throughput, ``GEMM_CEILING``), the achieved
 HBM share and the host time per kernel. Not fitted: the host time per collective (the objective
 is flat in it from 0 to ~40 us, so it stays at a typical NCCL enqueue cost); the small-GEMM
 points (on the calibration rows they trade off one-for-one against the host time per kernel -
@@ -24,6 +25,10 @@ from trainpilot.perf.validation.cases import CALIBRATION, Case
 from trainpilot.perf.validation.runner import run
 
 FIT_MIN_LOG10 = 11.0
+# No GEMM runs faster than the device's measured maximum achievable matmul throughput (bf16,
+# best shape of a sweep; S. Bekman, ml-engineering, "Maximum Achievable Matmul FLOPS": A100 SXM
+# 271.2 of 312 TFLOP/s). The fit may not exceed it (the first fit put 1e13-FLOP GEMMs at 0.909).
+GEMM_CEILING = {"a100": 0.869}
 
 
 def _sigmoid(x: float) -> float:
@@ -58,10 +63,11 @@ def decode(vec: list[float], base: EfficiencyCurve,
            fit_min_log10: float = FIT_MIN_LOG10) -> EfficiencyCurve:
     first, prev = _split(base, fit_min_log10)
     free = len(base.gemm_points) - first
+    ceiling = GEMM_CEILING.get(base.name, 1.0)
     ys = []
     for a in vec[:free]:
         prev = prev + (1.0 - prev) * _sigmoid(a)
-        ys.append(min(max(round(prev, 4), 1e-4), 1.0))
+        ys.append(min(max(round(prev, 4), 1e-4), ceiling))
     points = base.gemm_points[:first] + tuple((x, y) for (x, _), y in
                                               zip(base.gemm_points[first:], ys))
     hbm = min(max(round(_sigmoid(vec[free]), 4), 1e-3), 1.0)

@@ -17,9 +17,10 @@ from typing import Any
 
 import yaml
 
+from trainpilot.perf.memory import layer_rank_params
 from trainpilot.perf.options import CostOptions
 from trainpilot.perf.validation import vtrain
-from trainpilot.specs import ClusterSpec, ModelSpec, Plan, load_cluster
+from trainpilot.specs import ClusterSpec, ModelSpec, Plan, load_cluster, load_model
 
 CALIBRATION, HELD_OUT = "calibration", "held_out"
 # The software of 2021-2022 Megatron(-DeepSpeed): unfused attention, dropout 0.1.
@@ -29,7 +30,9 @@ LEGACY = CostOptions(flash_attention=False, dropout=True)
 @dataclass(frozen=True, kw_only=True)
 class Case:
     """One row to predict. ``metric`` is what ``measured`` is: step_time_s, tflops_per_gpu
-    (Narayanan's recompute-inclusive count), weights_optimizer_gib or activations_gib."""
+    (Narayanan's recompute-inclusive count), causal_tflops_per_gpu (Megatron's model FLOPs
+    with causal attention counted once: ``runner.causal_flops_per_token``),
+    weights_optimizer_gib or activations_gib."""
 
     dataset: str
     label: str
@@ -116,6 +119,33 @@ def korthikanti_cases() -> list[Case]:
     return out
 
 
+@lru_cache(maxsize=None)
+def llama3_cluster(gpus: int) -> ClusterSpec:
+    """H100 SXM servers of 8 in 3,072-GPU pods (384 servers: our racks), Llama 3's RoCE."""
+    return load_cluster(f"h100-sxm-x{gpus}").replace(nodes_per_rack=384)
+
+
+def llama3_cases() -> list[Case]:
+    """Llama 3 405B on H100 (held out: nothing was fitted to these rows)."""
+    data = published()["llama3_2024"]
+    model = load_model("llama3-405b")
+    out = []
+    for gpus, tp, cp, pp, dp, seq, gbs, tflops in data["rows"]:
+        # FSDP reduces each wrapped unit (a decoder layer) at once: one layer's 16-bit
+        # gradients per collective, not DDP's 25 MB buckets.
+        layer_mb = 2 * layer_rank_params(model, 1, tp, 1)[0] / 1e6
+        plan = Plan(tp=tp, cp=cp, pp=pp, dp=dp, vp=8, micro_batch_size=1,
+                    global_batch_size=gbs, seq_len=seq, recompute="none",
+                    sequence_parallel=True, zero=2, precision="bf16",
+                    pp_first_stage_layers=7, pp_last_stage_layers=7,
+                    comm=dict(overlap=True, bucket_mb=round(layer_mb)))
+        out.append(Case(dataset="llama3_2024", label=f"405B t{tp} c{cp} p{pp} d{dp} {gpus} GPUs",
+                        model=model, cluster=llama3_cluster(gpus), plan=plan,
+                        options=CostOptions(grad_reduce_bytes=2), metric="causal_tflops_per_gpu",
+                        measured=float(tflops), split=HELD_OUT, source=data["source"]))
+    return out
+
+
 def vtrain_cases(folder: Path | None) -> list[Case]:
     """vTrain rows as cases ([] when the folder is absent)."""
     if folder is None:
@@ -142,4 +172,4 @@ def vtrain_cases(folder: Path | None) -> list[Case]:
 def all_cases(vtrain_dir: Path | None = None, *, find_vtrain: bool = True) -> list[Case]:
     """Every case: the paper rows always, the vTrain rows when their folder is found."""
     folder = vtrain_dir or (vtrain.locate() if find_vtrain else None)
-    return narayanan_cases() + korthikanti_cases() + vtrain_cases(folder)
+    return narayanan_cases() + korthikanti_cases() + llama3_cases() + vtrain_cases(folder)

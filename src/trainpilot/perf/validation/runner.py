@@ -12,13 +12,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from trainpilot.perf.estimator import Estimator, layout_of
+from trainpilot.perf.flops import forward_flops_per_token
 from trainpilot.perf.hardware import EfficiencyCurve
-from trainpilot.perf.memory import GIB, bytes_per_param, in_flight, stage_rank_params
+from trainpilot.perf.memory import GIB, bytes_per_param, stage_rank_params
 from trainpilot.perf.validation.cases import CALIBRATION, HELD_OUT, Case
+from trainpilot.specs import ModelSpec
 
 # Committed gates: every dataset's mean |error| must stay at or under these.
 THRESHOLDS = {"time": 0.10, "memory": 0.05}
-TIME_METRICS = ("step_time_s", "tflops_per_gpu")
+TIME_METRICS = ("step_time_s", "tflops_per_gpu", "causal_tflops_per_gpu")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,13 @@ def narayanan_flops(case: Case) -> float:
     return 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
 
 
+def causal_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Megatron's model FLOPs per token (perf/flops.py) with the attention scores counted
+    over the causal half of the s x s square: the work a causal attention kernel does."""
+    fwd = forward_flops_per_token(model, seq_len)
+    return 3.0 * (fwd.total - fwd.attention_scores / 2)
+
+
 def predict_case(case: Case, est: Estimator) -> float:
     """The model's value for the case's metric."""
     lay = layout_of(case.model, case.plan)
@@ -65,6 +74,10 @@ def predict_case(case: Case, est: Estimator) -> float:
     if case.metric == "tflops_per_gpu":
         step = est.evaluate(lay).step_time_s
         return narayanan_flops(case) / step / lay.world_size / 1e12
+    if case.metric == "causal_tflops_per_gpu":
+        step = est.evaluate(lay).step_time_s
+        return causal_flops_per_token(case.model, lay.seq_len) * lay.global_batch_size * \
+            lay.seq_len / step / lay.world_size / 1e12
     ids = est.stage_ids(lay)[0]
     if case.metric == "weights_optimizer_gib":
         params = stage_rank_params(case.model, ids, tp=lay.tp, ep=lay.ep, first=False,
@@ -72,7 +85,7 @@ def predict_case(case: Case, est: Estimator) -> float:
         return params.total * sum(bytes_per_param(lay.zero, lay.dp * lay.cp)) / GIB
     if case.metric == "activations_gib":
         layer = est.layer(lay, False, est.spans(lay))
-        flight = in_flight(lay.schedule, 0, lay.pp, lay.vp, lay.num_micro_batches)
+        flight = est._in_flight(lay, 0)
         return flight * len(ids) * layer.act_bytes(lay.recompute) / GIB
     raise ValueError(f"unknown metric {case.metric!r}")
 

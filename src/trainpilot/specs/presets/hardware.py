@@ -15,23 +15,27 @@ DEVICES: dict[str, dict[str, Any]] = {
     # NVIDIA A100 datasheet (2021): 312 TFLOP/s bf16/fp16 dense, 40 GB HBM2 at 1,555 GB/s, 400 W.
     "a100-40gb": dict(name="a100-40gb", peak_tflops=dict(bf16=312, fp16=312, tf32=156, fp32=19.5),
                       hbm_gib=40, hbm_gbytes_per_s=1555, power_w=400, efficiency_curve="a100"),
-    # NVIDIA A100 datasheet: 80 GB HBM2e at 2,039 GB/s (SXM).
+    # NVIDIA A100 datasheet: 80 GB HBM2e at 2,039 GB/s (SXM); nvidia-smi shows 81,920 MiB = 80 GiB.
     "a100-80gb": dict(name="a100-80gb", peak_tflops=dict(bf16=312, fp16=312, tf32=156, fp32=19.5),
                       hbm_gib=80, hbm_gbytes_per_s=2039, power_w=400, efficiency_curve="a100"),
-    # NVIDIA H100 datasheet (SXM5): 989 bf16, 1,979 fp8 dense; 80 GB HBM3 at 3.35 TB/s; 700 W.
+    # NVIDIA H100 datasheet (SXM5): 989 bf16, 1,979 fp8 dense; "80 GB" HBM3 at 3.35 TB/s; 700 W.
+    # Capacity as the driver reports it: nvidia-smi shows 81,559 MiB = 79.65 GiB per H100 80GB
+    # HBM3 (not 80 GiB).
     "h100-sxm": dict(name="h100-sxm",
                      peak_tflops=dict(bf16=989, fp16=989, fp8=1979, tf32=494, fp32=67),
-                     hbm_gib=80, hbm_gbytes_per_s=3350, power_w=700, efficiency_curve="h100"),
-    # H800: the H100 SXM compute die with NVLink cut to 400 GB/s (DeepSeek-V3 report, sec. 3.1).
+                     hbm_gib=79.65, hbm_gbytes_per_s=3350, power_w=700, efficiency_curve="h100"),
+    # H800: the H100 SXM compute die and 80 GB HBM3 with NVLink cut to 400 GB/s (DeepSeek-V3
+    # report, sec. 3.1); capacity as the H100 80GB's.
     "h800": dict(name="h800", peak_tflops=dict(bf16=989, fp16=989, fp8=1979, tf32=494, fp32=67),
-                 hbm_gib=80, hbm_gbytes_per_s=3350, power_w=700, efficiency_curve="h100"),
-    # NVIDIA H200 datasheet: H100 compute, 141 GB HBM3e (140 GiB usable) at 4.8 TB/s; 700 W.
+                 hbm_gib=79.65, hbm_gbytes_per_s=3350, power_w=700, efficiency_curve="h100"),
+    # NVIDIA H200 datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; 700 W. nvidia-smi shows
+    # 143,771 MiB = 140.40 GiB.
     "h200": dict(name="h200", peak_tflops=dict(bf16=989, fp16=989, fp8=1979, tf32=494, fp32=67),
-                 hbm_gib=140, hbm_gbytes_per_s=4800, power_w=700, efficiency_curve="h100"),
-    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOP/s bf16 dense, 4.5 fp8 dense;
-    # 180 GB HBM3e (179 GiB) at 8 TB/s; 1,000 W.
+                 hbm_gib=140.4, hbm_gbytes_per_s=4800, power_w=700, efficiency_curve="h100"),
+    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOP/s bf16 dense, 4.5 fp8 dense; 180 GB HBM3e
+    # at 8 TB/s; 1,000 W. nvidia-smi shows 183,359 MiB = 179.06 GiB.
     "b200": dict(name="b200", peak_tflops=dict(bf16=2250, fp16=2250, fp8=4500, tf32=1100, fp32=75),
-                 hbm_gib=179, hbm_gbytes_per_s=8000, power_w=1000, efficiency_curve="b200"),
+                 hbm_gib=179.06, hbm_gbytes_per_s=8000, power_w=1000, efficiency_curve="b200"),
     # Huawei Ascend 910B as publicly reported (Atlas 800T A2): about 320 TFLOP/s fp16/bf16,
     # 64 GB HBM2e at about 1.6 TB/s, 400 W. Vendor figures are not fully published; treat as
     # approximate and calibrate on your own cluster.
