@@ -234,3 +234,29 @@ def test_collector_handles_mixed_dtypes_and_unused_layers():
                           if p.grad is not None]).norm()
     assert stats.grad_norm == pytest.approx(float(expected), rel=1e-3)
     assert 0 <= stats.zero_grad_frac < 1 and stats.finite
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(240)
+def test_gradient_stats_are_global_under_fsdp2_and_tp(tmp_path):
+    """Sharded gradients (DTensors) give the same global and per-layer norms as DDP's full
+    ones; the clip intervention reaches its target over shards. Negative control: the norm of
+    one rank's shards alone is far from the global norm under ZeRO-3 and TP."""
+    from tests.runtime.harness import spawn
+
+    results = spawn("health_stats", 2, tmp_path)
+    ddp = results[0]["ddp"]
+    for rank in results:
+        for name in ("ddp", "zero3", "zero1", "tp"):
+            got = rank[name]
+            assert got["grad_norm"] == pytest.approx(ddp["grad_norm"], rel=1e-4), name
+            assert got["layer_norms"].keys() == ddp["layer_norms"].keys(), name
+            for layer, norm in ddp["layer_norms"].items():
+                assert got["layer_norms"][layer] == pytest.approx(norm, rel=1e-4, abs=1e-7)
+            assert got["zero_frac"] == pytest.approx(ddp["zero_frac"], abs=1e-6), name
+            before, after = got["clip"]
+            assert before == pytest.approx(ddp["grad_norm"], rel=1e-4)
+            assert after == pytest.approx(before / 2, rel=1e-4), name
+        for name in ("zero3", "tp"):
+            assert rank[name]["local_only"] < 0.9 * ddp["grad_norm"], name
+        assert rank["ddp"]["local_only"] == pytest.approx(ddp["grad_norm"], rel=1e-5)

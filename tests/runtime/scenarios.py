@@ -22,7 +22,7 @@ BASE = "micro_batch_size=4,global_batch_size=16,seq_len=64"
 CONFIG = dict(steps=STEPS, warmup_steps=0, lr=3e-3, grad_clip=None, seed=7, predict=False)
 
 
-def train(model: str, plan: str, *, single: bool = False) -> dict[str, Any]:
+def train(model: str | dict, plan: str, *, single: bool = False) -> dict[str, Any]:
     """Train ``model`` under ``plan`` (inline) in this process's layout; losses and params.
     ``single``: a one-process layout even inside a process group."""
     plan_doc = load_plan(plan)
@@ -79,3 +79,124 @@ def reference(model: str) -> dict[str, Any]:
     """The single-process run with the same global batch (call without a process group)."""
     torch.set_num_threads(1)
     return train(model, "dp=1," + BASE)
+
+
+# ---- context parallelism (tests/runtime/test_context_parallel.py) ---------------------------
+def _contiguous_split(x, *, cp_rank, cp, dim=1):
+    """A wrong chunk order: rank i takes the i-th contiguous S/cp tokens, while positions and
+    attention assume the load-balanced chunks (i, 2cp-1-i)."""
+    return x.chunk(cp, dim=dim)[cp_rank]
+
+
+def _no_causal_mask(q, k, v):
+    """Attention without its causal mask: every query sees every gathered key."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+# GPT-2 style: learned positions (indexed by global position under cp), GELU, LayerNorm with
+# bias, multi-head attention, tied embeddings.
+GPT2_STYLE = dict(name="tiny-gpt2-style", num_hidden_layers=2, hidden_size=128,
+                  num_attention_heads=4, num_key_value_heads=4, intermediate_size=512,
+                  vocab_size=256, activation="gelu", norm="layernorm", bias=True,
+                  position_embedding="learned", tie_word_embeddings=True)
+
+
+def context_parallel() -> dict[str, Any]:
+    """CP=2 on 2 ranks (DDP over cp, and FSDP2 over cp; a GPT-2 style model against its own
+    one-process run), and two sabotaged runs (negative controls): a wrong chunk order, a
+    missing causal mask."""
+    from trainpilot.runtime.models import context
+
+    out = run_many([["cp", "tiny-gpt", "cp=2,zero=0," + BASE],
+                    ["cp_fsdp", "tiny-gpt", "cp=2,zero=3," + BASE],
+                    ["cp_gpt2_style", GPT2_STYLE, "cp=2,zero=0," + BASE]])
+    out["gpt2_style_single"] = train(GPT2_STYLE, "dp=1," + BASE, single=True)
+    with mock.patch.object(context, "shard_sequence", _contiguous_split):
+        out["cp_wrong_chunk_order"] = train("tiny-gpt", "cp=2,zero=0," + BASE)
+    with mock.patch.object(context, "_attend", _no_causal_mask):
+        out["cp_no_causal_mask"] = train("tiny-gpt", "cp=2,zero=0," + BASE)
+    return out
+
+
+def context_parallel_4() -> dict[str, Any]:
+    """cp=2 with dp=2 (gradients averaged over dp x cp), with tp=2 + sequence parallel, and
+    with a 2-stage pipeline."""
+    return run_many([["cp_dp", "tiny-gpt", "cp=2,dp=2,zero=0," + BASE],
+                     ["cp_tp_sp", "tiny-gpt", "cp=2,tp=2,sequence_parallel=true," + BASE],
+                     ["cp_pp", "tiny-gpt", "cp=2,pp=2," + BASE]])
+
+
+# ---- fp16 loss scaling (tests/runtime/test_fp16.py) ------------------------------------------
+def _fp16_run(plan: str) -> dict[str, Any]:
+    """3 steps of an fp16 plan (fp32 compute: the scaler's logic does not depend on it) with a
+    NaN gradient injected on rank 1 at step 2; full parameters, scale and skip flag per step."""
+    from trainpilot.runtime.faults import FaultInjector
+
+    faults = FaultInjector("nan:rank=1,step=2")
+    trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan(plan), faults=faults,
+                      config=TrainConfig(**dict(CONFIG, autocast="off")))
+    out: dict[str, list] = dict(params=[], scales=[], skipped=[], losses=[])
+    for _ in range(3):
+        record = trainer.train_step()
+        out["params"].append(full_parameters(trainer.model))
+        out["scales"].append(trainer.scaler.get_scale())
+        out["skipped"].append(record.skipped_update)
+        out["losses"].append(record.loss)
+    out["fired"] = len(faults.fired("nan"))
+    return out
+
+
+def fp16_skip() -> dict[str, Any]:
+    """fp16 with a NaN on one rank under pp=2 and tp=2: every rank must skip the same step.
+    Negative control: per-rank torch GradScalers (no all-reduce of the found-inf flag)."""
+    from trainpilot.runtime import layout as layout_module
+
+    def local_scaler(precision, device, *, distributed):
+        scaler = torch.amp.GradScaler(device.type)
+        scaler.scale(torch.zeros(()))  # creates the scale on ranks that never scale a loss
+        return scaler
+
+    out = {}
+    # This CPU emulates fp16, so check_runtime refuses it; the scaler is what is tested here.
+    with mock.patch.object(layout_module, "cpu_has_native_fp16", lambda: True):
+        out["pp"] = _fp16_run("pp=2,precision=fp16," + BASE)
+        out["tp"] = _fp16_run("tp=2,precision=fp16," + BASE)
+        with mock.patch("trainpilot.runtime.trainer.build_grad_scaler", local_scaler):
+            out["pp_local_scaler"] = _fp16_run("pp=2,precision=fp16," + BASE)
+    return out
+
+
+def health_stats() -> dict[str, Any]:
+    """The health collector's gradient statistics after one step under DDP, FSDP2 (ZeRO-1 and
+    -3) and TP on 2 ranks, read in an optimizer pre-step hook (where the HealthMonitor reads
+    them); then the clip intervention halves the norm. ``local_only``: the norm of this rank's
+    shards alone (what a collector that ignored sharding would report; the negative control)."""
+    from torch.distributed.tensor import DTensor
+
+    from trainpilot.health.collector import MetricsCollector
+    from trainpilot.health.interventions import clip_gradients
+
+    out: dict[str, Any] = {}
+    for name, plan in [("ddp", "dp=2,zero=0"), ("zero3", "dp=2,zero=3"),
+                       ("zero1", "dp=2,zero=1"), ("tp", "tp=2")]:
+        plan_doc = load_plan(f"{plan},{BASE}")
+        trainer = Trainer(model=load_model("tiny-gpt"), plan=plan_doc,
+                          config=TrainConfig(**CONFIG))
+        collector = MetricsCollector(trainer.model, trainer.optimizer)
+        seen: dict[str, Any] = {}
+
+        def hook(optimizer, args, kwargs, collector=collector, seen=seen):
+            stats = collector.grad_stats(detailed=True)
+            grads = [p.grad for p in collector.params if p.grad is not None]
+            local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+            seen.update(grad_norm=stats.grad_norm, layer_norms=stats.layer_norms,
+                        zero_frac=stats.zero_grad_frac,
+                        local_only=float(torch.linalg.vector_norm(
+                            torch.stack([torch.linalg.vector_norm(g) for g in local]))),
+                        clip=clip_gradients(collector.params, stats.grad_norm / 2))
+
+        handle = trainer.optimizer.register_step_pre_hook(hook)
+        trainer.train_step()
+        handle.remove()
+        out[name] = seen
+    return out

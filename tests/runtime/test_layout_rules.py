@@ -15,9 +15,11 @@ BATCH = "micro_batch_size=1,global_batch_size=8,seq_len=64"
 
 
 @pytest.mark.parametrize("model, plan, world, match", [
-    ("tiny-gpt", "cp=2," + BATCH, 2, "context parallelism"),
+    ("tiny-moe", "cp=2," + BATCH, 2, "context parallelism with the MoE"),
+    ("tiny-gpt", "cp=2,dp=2,zero=3,dp_shard=2," + BATCH, 4, "hybrid sharding with context"),
+    ("tiny-gpt", "cp=3,seq_len=64,micro_batch_size=1,global_batch_size=8", 3,
+     "2 \\* cp = 6 equal chunks"),  # check_job's rule
     ("tiny-gpt", "precision=fp8," + BATCH, 1, "torchao"),
-    ("tiny-gpt", "precision=fp16," + BATCH, 1, "loss scaling"),
     ("tiny-gpt", "dp=2," + BATCH, 4, "must equal the 4 processes"),
     ("tiny-moe", "tp=2," + BATCH, 2, "expert tensor parallelism"),
     ("tiny-moe", "dp=4,ep=2,zero=3,dp_shard=2," + BATCH, 4, "hybrid sharding with expert"),
@@ -29,6 +31,25 @@ BATCH = "micro_batch_size=1,global_batch_size=8,seq_len=64"
 def test_refused_before_start(model, plan, world, match):
     with pytest.raises(SpecError, match=match):
         check_runtime(load_model(model), load_plan(plan), backend="gloo", world_size=world)
+
+
+def test_fp16_refused_on_a_cpu_that_emulates_it_and_accepted_on_gpus(monkeypatch):
+    import trainpilot.runtime.layout as layout
+
+    plan, model = load_plan("precision=fp16," + BATCH), load_model("tiny-gpt")
+    monkeypatch.setattr(layout, "cpu_has_native_fp16", lambda: False)
+    with pytest.raises(SpecError, match="emulated on this CPU"):
+        check_runtime(model, plan, backend="gloo", world_size=1)
+    check_runtime(model, plan, backend="nccl", world_size=1)  # GPUs: dynamic loss scaling
+    monkeypatch.setattr(layout, "cpu_has_native_fp16", lambda: True)
+    check_runtime(model, plan, backend="gloo", world_size=1)  # a CPU with AVX512-FP16/AMX
+
+
+def test_context_parallel_accepted_with_dense_layouts():
+    gpt = load_model("tiny-gpt")
+    for plan in ("cp=2", "cp=2,dp=2,zero=3", "cp=2,tp=2,sequence_parallel=true", "cp=2,pp=2"):
+        doc = load_plan(plan + "," + BATCH)
+        check_runtime(gpt, doc, backend="gloo", world_size=doc.world_size)
 
 
 def test_tied_embeddings_need_one_stage_and_one_tp_rank():
@@ -43,6 +64,8 @@ def test_tied_embeddings_need_one_stage_and_one_tp_rank():
     ("dp=4,ep=2", ["pp", "edp", "ep", "tp"], [1, 2, 2, 1], {"dp": ("edp", "ep")}),
     ("dp=4,zero=3,dp_shard=2,pp=2", ["pp", "dp_replicate", "dp_shard", "tp"], [2, 2, 2, 1],
      {"dp": ("dp_replicate", "dp_shard")}),
+    # cp between data and tp; gradients are averaged over the flattened dp x cp.
+    ("dp=2,cp=2,tp=2", ["pp", "dp", "cp", "tp"], [1, 2, 2, 2], {"dp_cp": ("dp", "cp")}),
 ])
 def test_mesh_axes(plan, names, sizes, flat):
     assert mesh_axes(load_plan(plan + "," + BATCH)) == (names, sizes, flat)

@@ -11,16 +11,15 @@ import pytest
 import torch
 from torch import nn
 
+from tests.small import SMALL_GPT, SMALL_PLAN
 from trainpilot.runtime.callbacks import Callback
 from trainpilot.runtime.config import TrainConfig
 from trainpilot.runtime.data import MarkovCorpus
 from trainpilot.runtime.trainer import Trainer
 from trainpilot.specs import SpecError, load_model, load_plan
 
-SMALL = dict(name="small", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
-             num_key_value_heads=2, intermediate_size=128, vocab_size=64, activation="swiglu",
-             norm="rmsnorm", position_embedding="rope")
-PLAN = "micro_batch_size=8,global_batch_size=16,seq_len=32"
+SMALL = SMALL_GPT
+PLAN = SMALL_PLAN
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,10 @@ from trainpilot.cli.common import (
 
 # Training options that map one-to-one onto TrainConfig fields.
 _CONFIG_FLAGS = dict(steps=int, lr=float, warmup_steps=int, grad_clip=float, seed=int, data=str,
-                     data_dtype=str, autocast=str)
+                     data_dtype=str, autocast=str, checkpoint_every=int, storage_every=int)
+# Recovery options that map onto ElasticConfig fields.
+_ELASTIC_FLAGS = dict(recovery="recovery", heartbeat_timeout="heartbeat_timeout_s",
+                      collective_timeout="collective_timeout_s")
 
 
 def register(subparsers) -> None:
@@ -24,9 +27,14 @@ def register(subparsers) -> None:
         description="Start the job under torchrun (its own options are accepted as they are) "
                     "and train the reference model: layout from the plan (DDP/FSDP2, TP+SP, PP, "
                     "EP), AdamW with warmup+cosine, per-step loss, tokens/s and the cost "
-                    "model's predicted step time. Writes the resolved documents, metrics.jsonl "
-                    "and summary.json into the run directory. --dry-run builds the layout on "
-                    "the meta device and reports per-rank parameters and memory.",
+                    "model's predicted step time. Checkpoints follow the plan (async, in-memory peer "
+                    "copy, incremental), the health monitor watches every step, failures are "
+                    "detected (heartbeats, collective timeouts) and recovered in process or "
+                    "by torchrun --max-restarts; --inject breaks the run on purpose. Writes "
+                    "the resolved documents, the run store (trainpilot.db: read it with "
+                    "monitor, dashboard, report), checkpoints/, metrics.jsonl and summary.json "
+                    "into the run directory. --dry-run builds the layout on the meta device "
+                    "and reports per-rank parameters and memory.",
         examples="  trainpilot train --model tiny-gpt --steps 50 "
                  "--plan dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64\n"
                  "  trainpilot train --nproc-per-node 2 --model tiny-moe "
@@ -36,7 +44,13 @@ def register(subparsers) -> None:
                  "  trainpilot train --dry-run --model llama3-70b --cluster h100-sxm-x64 "
                  "--plan tp=8,pp=4,dp=2,zero=3,global_batch_size=64,seq_len=8192\n"
                  "  trainpilot train --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d "
-                 "--rdzv-endpoint head:29400 --model llama3-8b --plan plan.yaml",
+                 "--rdzv-endpoint head:29400 --model llama3-8b --plan plan.yaml\n"
+                 "  trainpilot train --model tiny-gpt --steps 30 --checkpoint-every 5 "
+                 "--max-restarts 1 --inject 'crash:rank=1,step=12' "
+                 "--plan dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64\n"
+                 "  trainpilot train --model tiny-gpt --steps 30 --checkpoint-every 2 "
+                 "--inject 'collective:rank=0,step=5;nan:rank=1,step=9' "
+                 "--plan dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64",
     )
     add_doc_args(parser, cluster=False)
     parser.add_argument("--cluster", help="cluster preset or file for the predicted step time "
@@ -59,6 +73,30 @@ def register(subparsers) -> None:
     group.add_argument("--callback", action="append", default=[], metavar="MODULE:FACTORY",
                        help="attach a callback: factory(run_dir=, layout=) -> Callback "
                             "(repeatable)")
+    group = parser.add_argument_group("checkpoints, health and recovery")
+    group.add_argument("--checkpoint-every", type=int, metavar="N",
+                       help="snapshot every N steps (default: the plan's "
+                            "checkpoint.interval_steps), kept in host memory and a peer's")
+    group.add_argument("--storage-every", type=int, metavar="K",
+                       help="write every K-th snapshot to storage as well (default 1)")
+    group.add_argument("--no-checkpoint", action="store_true", help="no checkpoints")
+    group.add_argument("--no-health", action="store_true",
+                       help="no health monitor (metrics are still stored)")
+    group.add_argument("--health-config", metavar="YAML",
+                       help="health rules and interventions (default: trainpilot's rules.yaml)")
+    group.add_argument("--inject", metavar="SPEC",
+                       help="faults to inject, e.g. 'crash:rank=1,step=5;nan:rank=0,step=9' "
+                            "(kinds: crash, hang, slow, corrupt, truncate, missing, enospc, "
+                            "collective, nan; see docs/elastic.md)")
+    group.add_argument("--recovery", choices=["in_process", "restart"],
+                       help="on a failure: rebuild the group and restore from memory in "
+                            "process (default), or exit and let torchrun --max-restarts "
+                            "restart every rank")
+    group.add_argument("--heartbeat-timeout", type=float, metavar="S",
+                       help="declare a rank failed after S seconds without a heartbeat "
+                            "(default 3)")
+    group.add_argument("--collective-timeout", type=float, metavar="S",
+                       help="the training group's collective timeout (default 10)")
     parser.add_argument("--run-dir", help="where the run writes (default runs/<timestamp>)")
     parser.add_argument("--dry-run", action="store_true",
                         help="build the layout on the meta device; report per-rank parameters "
@@ -117,9 +155,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         if progress:
             progress.start()
+        elastic = {field: getattr(args, flag) for flag, field in _ELASTIC_FLAGS.items()
+                   if getattr(args, flag) is not None}
         summary = launch(model=model, plan=plan, config=config, run_dir=run_dir, options=args,
                          cluster=cluster, callbacks=args.callback,
-                         on_record=progress.on_record if progress else None)
+                         on_record=progress.on_record if progress else None,
+                         inject=args.inject, elastic=elastic, health=not args.no_health,
+                         health_config=args.health_config, checkpoint=not args.no_checkpoint)
     except RuntimeError as err:
         err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
         return EXIT_FAILURE
@@ -148,6 +190,10 @@ class _progress(Progress):
                         info=f"loss {record['loss']:.4f}  {record['tokens_per_s']:,.0f} tok/s")
         elif record.get("kind") == "calibration":
             self.update(self.task, info="calibrated; training...")
+        elif record.get("kind") == "restart":
+            self.update(self.task, completed=record.get("restored_step", 0),
+                        info=f"recovered ({record.get('reason')}): restored step "
+                             f"{record.get('restored_step')} from {record.get('source')}")
 
 
 def print_train_summary(summary: dict[str, Any]) -> None:

@@ -42,6 +42,56 @@ class MemoryStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+def reduced_sums(tensors: list[torch.Tensor], local_fn) -> list[float]:
+    """``local_fn`` (a list of tensors -> a list of 0-d tensors, each a sum over the elements
+    of one tensor: a squared norm, a count) applied to whole tensors, also when they are
+    DTensors sharded over ranks (FSDP2, TP): each rank evaluates its shards, values of
+    replicated dimensions are divided by their replication, and one all-reduce per mesh
+    dimension sums them. Every rank of a mesh must call this with the same tensors in the
+    same order (true for the parameters of one pipeline stage)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    out: list[float | None] = [None] * len(tensors)
+    plain = [i for i, t in enumerate(tensors) if not isinstance(t, DTensor)]
+    if plain:
+        values = torch.stack([v.double() for v in local_fn([tensors[i] for i in plain])])
+        for i, v in zip(plain, values.tolist()):
+            out[i] = v
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if isinstance(t, DTensor):
+            groups.setdefault(id(t.device_mesh), []).append(i)
+    for members in groups.values():
+        mesh = tensors[members[0]].device_mesh
+        locals_, scales = [], []
+        for i in members:
+            t = tensors[i]
+            if any(p.is_partial() for p in t.placements):
+                t = t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p
+                                                   for p in t.placements])
+            locals_.append(t.to_local())
+            copies = 1
+            for dim, placement in enumerate(t.placements):
+                if placement.is_replicate():
+                    copies *= mesh.size(dim)
+            scales.append(1.0 / copies)
+        values = torch.stack([v.double() for v in local_fn(locals_)])
+        values = values * torch.tensor(scales, dtype=torch.float64, device=values.device)
+        for dim in range(mesh.ndim):
+            if mesh.size(dim) > 1:
+                torch.distributed.all_reduce(values, group=mesh.get_group(dim))
+        for i, v in zip(members, values.tolist()):
+            out[i] = v
+    return out  # type: ignore[return-value]
+
+
+def squared_norms(tensors: list[torch.Tensor]) -> list[float]:
+    """Squared L2 norm of each (whole) tensor: one fused norm kernel per kind of tensor."""
+    def local(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [n.double() ** 2 for n in torch._foreach_norm(ts, 2, dtype=torch.float32)]
+    return reduced_sums(tensors, local)
+
+
 def _layer_of(param_name: str) -> str:
     return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
 
@@ -77,7 +127,7 @@ class MetricsCollector:
             return GradStats(grad_norm=0.0, layer_norms={})
         # One fused norm kernel and one copy to the host; the per-layer sums are a few dozen
         # floats, cheaper in Python than as more small kernels.
-        norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).tolist()
+        norms = [math.sqrt(sq) for sq in squared_norms(grads)]
         squares = [0.0] * len(self.layer_names)
         present = [False] * len(self.layer_names)
         for i, norm in zip(index, norms):
@@ -90,16 +140,17 @@ class MetricsCollector:
         total = math.sqrt(math.fsum(n * n for n in norms))
         stats = GradStats(grad_norm=total, layer_norms=layer_norms)
         if not math.isfinite(total):
-            stats.num_nonfinite = sum(int((~torch.isfinite(g)).sum()) for g, n in
-                                      zip(grads, norms) if not math.isfinite(n))
+            stats.num_nonfinite = int(sum(reduced_sums(
+                grads, lambda ts: [(~torch.isfinite(t)).sum() for t in ts])))
         if detailed:
-            num = sum(g.numel() for g in grads)
-            if self.zero_eps > 0:
-                counts = [(g.abs() <= self.zero_eps).sum() for g in grads]
-                zeros = int(torch.stack(counts).sum())
-            else:  # exact zeros: one counting kernel per tensor, one sync
-                zeros = num - int(torch.stack([torch.count_nonzero(g) for g in grads]).sum())
-            stats.zero_grad_frac = zeros / num if num else 0.0
+            num = sum(g.numel() for g in grads)  # a DTensor's numel is the whole tensor's
+            eps = self.zero_eps
+            if eps > 0:
+                zeros = sum(reduced_sums(grads, lambda ts: [(t.abs() <= eps).sum() for t in ts]))
+            else:  # exact zeros: one counting kernel per tensor
+                zeros = num - sum(reduced_sums(grads, lambda ts: [torch.count_nonzero(t)
+                                                                   for t in ts]))
+            stats.zero_grad_frac = round(zeros) / num if num else 0.0
         return stats
 
     def snapshot(self) -> None:
@@ -111,10 +162,9 @@ class MetricsCollector:
         if self._before is None:
             return None
         before, self._before = self._before, None
-        f32 = torch.float32  # mixed-dtype models: one dtype for the stacked norms
-        delta = torch.stack(torch._foreach_norm(
-            [p.detach() - b for p, b in zip(self.params, before)], 2, dtype=f32)).tolist()
-        weight = torch.stack(torch._foreach_norm(before, 2, dtype=f32)).tolist()
+        delta = [math.sqrt(v) for v in squared_norms(
+            [p.detach() - b for p, b in zip(self.params, before)])]
+        weight = [math.sqrt(v) for v in squared_norms(before)]
         per_layer = {}
         for name, members in self.layers.items():
             w = math.sqrt(sum(weight[i] ** 2 for i in members))

@@ -117,11 +117,22 @@ def drop_gradients(params: Sequence[torch.nn.Parameter]) -> None:
 
 
 def clip_gradients(params: Sequence[torch.nn.Parameter], max_norm: float) -> tuple[float, float]:
-    """Clip the global L2 norm to ``max_norm``; returns (norm before, norm after)."""
-    before = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    """Clip the global L2 norm to ``max_norm`` (as ``clip_grad_norm_``, also over gradients
+    sharded as DTensors); returns (norm before, norm after)."""
+    from trainpilot.health.collector import squared_norms
+
     grads = [p.grad.detach() for p in params if p.grad is not None]
-    after = float(torch.linalg.vector_norm(torch.stack(
-        torch._foreach_norm(grads, 2, dtype=torch.float32)))) if grads else 0.0
+    if not grads:
+        return 0.0, 0.0
+    before = math.sqrt(math.fsum(squared_norms(grads)))
+    coef = max_norm / (before + 1e-6)
+    if coef < 1.0:
+        from torch.distributed.tensor import DTensor
+
+        with torch.no_grad():  # on each rank's shards (to_local is a view without autograd)
+            torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads],
+                                coef)
+    after = math.sqrt(math.fsum(squared_norms(grads)))
     return before, after
 
 

@@ -105,6 +105,8 @@ class HealthMonitor(LossActions):
         self._last_lr_change = -10**9
         self._last_fault_step: int | None = None
         self._last_step = 0
+        # False when another writer (the runtime's RunRecorder) records the runtime's events.
+        self.log_events = True
         if model is not None and optimizer is not None:
             self.attach(model, optimizer)
 
@@ -156,7 +158,7 @@ class HealthMonitor(LossActions):
             self.mark_checkpoint(int(step), log=False)
         if kind == "fault":
             self._last_fault_step = step if step is not None else self._current_step()
-        if self.store is not None:
+        if self.store is not None and self.log_events:
             self.store.log_event(kind, step, payload,
                                  severity="critical" if kind == "fault" else "info")
 

@@ -87,7 +87,8 @@ def gather_rank_timings(step: int, *, step_s: float, compute_s: float, comm_s: f
         device = torch.device("cuda", torch.cuda.current_device())
     mine = torch.tensor([step_s, compute_s, comm_s, data_s], dtype=torch.float64, device=device)
     out = torch.empty(world * 4, dtype=torch.float64, device=device)
-    dist.all_gather_into_tensor(out, mine, group=group)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, mine, group=group)
     if dist.get_rank(group) != 0:
         return None
     rows = out.view(world, 4).tolist()

@@ -110,19 +110,8 @@ def print_prediction(console: Console, pred: Prediction, *, ranks: int = 0) -> N
 
 
 def compact(plan) -> str:
-    """'t8 p16 v2 d8 e1 c1 mb1 z1 full sp' for narrow tables."""
-    text = f"t{plan.tp} p{plan.pp}"
-    if plan.vp > 1:
-        text += f" v{plan.vp}"
-    if plan.pp_first_stage_layers is not None:
-        text += f"[{plan.pp_first_stage_layers}|{plan.pp_last_stage_layers}]"
-    text += f" d{plan.dp}"
-    if plan.ep > 1:
-        text += f" e{plan.ep}"
-    if plan.cp > 1:
-        text += f" c{plan.cp}"
-    text += f" mb{plan.micro_batch_size} z{plan.zero} {plan.recompute}"
-    return text + (" sp" if plan.sequence_parallel else "")
+    """'t8 p16 v2 d8 mb1 z1 full sp' for narrow tables."""
+    return describe(plan, short=True)
 
 
 def ranking_table(result: SearchResult) -> Table:

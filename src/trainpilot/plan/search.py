@@ -427,22 +427,27 @@ def _candidate(rank: int, model: ModelSpec, cluster: ClusterSpec, lay: Layout, e
     return Candidate(rank=rank, plan=plan, prediction=predict(model, cluster, plan, estimator=est))
 
 
-def describe(plan: Plan) -> str:
-    """Short layout text: 'tp=8 pp=16 vp=1 dp=8 ep=1 cp=1 mb=1 zero=1 full sp'."""
-    text = f"tp={plan.tp} pp={plan.pp}"
+def describe(plan: Plan, *, short: bool = False) -> str:
+    """Layout text: 'tp=8 pp=16 dp=8 mb=1 zero=1 recompute=full sp'; ``short`` for narrow
+    tables: 't8 p16 d8 mb1 z1 full sp'. Axes of size 1 beyond tp, pp and dp are left out."""
+    def item(name: str, letter: str, value: object) -> str:
+        return f"{letter}{value}" if short else f"{name}={value}"
+
+    parts = [item("tp", "t", plan.tp), item("pp", "p", plan.pp)]
     if plan.vp > 1:
-        text += f" vp={plan.vp}"
-    if plan.pp_first_stage_layers is not None:
-        text += f" (first {plan.pp_first_stage_layers}, last {plan.pp_last_stage_layers} layers)"
-    text += f" dp={plan.dp}"
-    if plan.ep > 1:
-        text += f" ep={plan.ep}"
-    if plan.cp > 1:
-        text += f" cp={plan.cp}"
-    text += f" mb={plan.micro_batch_size} zero={plan.zero} recompute={plan.recompute}"
+        parts.append(item("vp", "v", plan.vp))
+    first, last = plan.pp_first_stage_layers, plan.pp_last_stage_layers
+    if first is not None:
+        parts[-1] += (f"[{first}|{last}]" if short
+                      else f" (first {first}, last {last} layers)")
+    parts.append(item("dp", "d", plan.dp))
+    parts += [item(name, name[0], size) for name, size in (("ep", plan.ep), ("cp", plan.cp))
+              if size > 1]
+    parts += [item("mb", "mb", plan.micro_batch_size), item("zero", "z", plan.zero),
+              plan.recompute if short else f"recompute={plan.recompute}"]
     if plan.sequence_parallel:
-        text += " sp"
-    return text
+        parts.append("sp")
+    return " ".join(parts)
 
 
 _NAMES = {"compute": "compute", "recompute": "recomputation", "tp_comm": "TP communication",

@@ -37,6 +37,11 @@ class TrainConfig(Spec):
     shuffle: bool = True
     # Measure this machine (matmul, all-reduce) and predict the step time with trainpilot.perf.
     predict: bool = True
+    # Checkpoints (with a checkpointer): a snapshot every N steps (None: the plan's
+    # checkpoint.interval_steps) to host memory and a peer's; every storage_every-th one is also
+    # written to storage.
+    checkpoint_every: PositiveInt | None = None
+    storage_every: PositiveInt = 1
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -45,7 +45,8 @@ def dry_run(model: ModelSpec, plan: Plan, *, ranks: list[int] | None = None) -> 
     from trainpilot.runtime.layout import build_layout, check_runtime, mesh_axes
     from trainpilot.runtime.parallelize import parallelize
 
-    check_runtime(model, plan, backend="gloo", world_size=plan.world_size)
+    # The plan is checked for its target cluster, not for this machine (fp16 on a CPU).
+    check_runtime(model, plan, backend="fake", world_size=plan.world_size)
     rows = []
     for rank in ranks if ranks is not None else representative_ranks(plan):
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)

@@ -107,24 +107,44 @@ def prepare(*, model: ModelSpec, plan: Plan, options: argparse.Namespace | dict 
 def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
            options: argparse.Namespace | dict | None = None, cluster: ClusterSpec | None = None,
            callbacks: list[str] = (), on_record: Callable[[dict], None] | None = None,
+           inject: str | None = None, elastic: dict[str, Any] | None = None,
+           health: bool = True, health_config: str | None = None, checkpoint: bool = True,
            ) -> dict[str, Any]:
     """Train under torchrun; returns the run's summary (rank 0's ``summary.json``).
 
     ``on_record`` is called in this process with each line rank 0 appends to ``metrics.jsonl``
-    (steps and events), e.g. to drive a progress bar. Raises SpecError for bad input and
-    RuntimeError when a worker fails.
+    (steps and events), e.g. to drive a progress bar. ``inject``: faults to inject (the
+    ``--inject`` spec of :mod:`trainpilot.runtime.faults`); ``elastic``: ElasticConfig fields;
+    ``health=False`` runs without the health monitor, ``checkpoint=False`` without
+    checkpoints. Raises SpecError for bad input and RuntimeError when a worker fails.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run as torchrun
 
     run_dir = Path(run_dir).resolve()
-    if (run_dir / "metrics.jsonl").exists() or (run_dir / "summary.json").exists():
-        raise SpecError("--run-dir", str(run_dir), "already holds a run; valid: a new or empty "
-                        "folder")
+    if inject:
+        from trainpilot.runtime.faults import parse_faults
+
+        parse_faults(inject)  # bad specs are bad input: exit 2 before anything starts
+    if elastic:
+        from trainpilot.runtime.elastic import ElasticConfig
+
+        ElasticConfig(**elastic)
+    if health_config:
+        from trainpilot.health.config import load_health_config
+
+        load_health_config(health_config)
     job = dict(model=model.to_dict(), plan=plan.to_dict(), config=config.to_dict(),
                run_dir=str(run_dir), cluster=cluster.to_dict() if cluster else None,
-               callbacks=list(callbacks))
+               callbacks=list(callbacks), inject=inject or "", elastic=dict(elastic or {}),
+               health=health, health_config=health_config, checkpoint=checkpoint)
     args = prepare(model=model, plan=plan, options=options, worker_job=job)
+    # A single-node run starts in an empty folder. The agents of a multi-node or elastic job
+    # (--nnodes, --rdzv-*) share one run directory: a node joining later finds it in use.
+    if args.standalone and ((run_dir / "metrics.jsonl").exists()
+                            or (run_dir / "summary.json").exists()):
+        raise SpecError("--run-dir", str(run_dir), "already holds a run; valid: a new or empty "
+                        "folder")
     run_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank: no oversubscription
     if int(args.max_restarts) > 0:

@@ -1,6 +1,6 @@
 """Optimizer pieces a user can call from their own loop: AdamW with decay/no-decay groups,
-warmup + cosine learning rate, and a global gradient norm / clip that is correct under every
-layout (DTensor shards, expert shards, pipeline stages)."""
+warmup + cosine learning rate, a global gradient norm / clip that is correct under every
+layout (DTensor shards, expert shards, pipeline stages), and the fp16 loss scaler."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 
@@ -111,3 +112,61 @@ def clip_grad_norm_(params: list[nn.Parameter], max_norm: float | None, **groups
             if subset:
                 torch.nn.utils.clip_grads_with_norm_(subset, max_norm, total)
     return total
+
+
+def build_grad_scaler(precision: str, device: torch.device, *, distributed: bool
+                      ) -> torch.amp.GradScaler:
+    """Dynamic loss scaling for ``precision == "fp16"`` (a disabled scaler otherwise, whose
+    ``scale``/``step``/``update`` pass through unchanged).
+
+    torch's defaults: initial scale 2**16, halved on a step with a non-finite gradient (the
+    update is then skipped), doubled after 2000 clean steps. Distributed, the skip decision is
+    global: see :class:`WorldGradScaler`.
+    """
+    enabled = precision == "fp16"
+    if not enabled:
+        return torch.amp.GradScaler(device.type, enabled=False)
+    if distributed:
+        scaler = WorldGradScaler(device.type, process_group=None)  # None: the default (world)
+    else:
+        scaler = torch.amp.GradScaler(device.type)
+    # The scale tensor is created by the first scale() call; pipeline ranks without the last
+    # stage never scale a loss (their gradients arrive scaled) but unscale and update too.
+    scaler.scale(torch.zeros((), device=device))
+    return scaler
+
+
+class WorldGradScaler(ShardedGradScaler):
+    """FSDP's ``ShardedGradScaler`` (it all-reduces the found-inf flag over its group, here the
+    world, so every rank skips or steps together whatever it holds: a pipeline stage, an expert
+    shard, an FSDP shard), with the inf check and unscale run on each gradient's local tensor.
+
+    Why the override: the stock check passes one foreach list per device and dtype, and torch
+    2.13 refuses a list that mixes DTensor and plain gradients (TP leaves norms plain; expert
+    weights are plain beside FSDP2's DTensors). Local tensors are enough because the flag is
+    all-reduced anyway.
+    """
+
+    def _unscale_grads_(self, optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor,
+                        found_inf: torch.Tensor, allow_fp16: bool = True,
+                        ) -> dict[torch.device, torch.Tensor]:
+        by_device: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
+            lambda: defaultdict(list))
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not allow_fp16 and p.grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                local = _local(p.grad)
+                by_device[local.device][local.dtype].append(local)
+        found: dict[torch.device, torch.Tensor] = {}
+        with torch.no_grad():
+            for device, per_dtype in by_device.items():
+                found[device] = found_inf.to(device).clone()
+                inv = inv_scale.to(device)
+                for grads in per_dtype.values():
+                    torch._amp_foreach_non_finite_check_and_unscale_(grads, found[device], inv)
+        if not found:  # no gradient here: still take part in the all-reduce
+            found[self._scale.device] = found_inf.clone()
+        return found

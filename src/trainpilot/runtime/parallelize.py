@@ -2,9 +2,11 @@
 
 Order (each step needs the previous one): cut the pipeline stage(s) -> tensor parallel
 (``parallelize_module``, with sequence parallel) -> expert parallel (keep this rank's experts)
--> materialise and initialise (layout-independent values) -> recompute flags -> data parallel
-(DDP, or FSDP2 ``fully_shard``: zero 1/2 keep parameters unsharded between forward and backward,
-zero 3 reshards, ``dp_shard`` gives HSDP) -> ``PipelineStage`` and schedule.
+-> context parallel (the cp group into attention; :mod:`.models.context`) -> materialise and
+initialise (layout-independent values) -> recompute flags -> data parallel (DDP, or FSDP2
+``fully_shard``: zero 1/2 keep parameters unsharded between forward and backward, zero 3
+reshards, ``dp_shard`` gives HSDP; over ``dp`` x ``cp`` with context parallelism) ->
+``PipelineStage`` and schedule.
 
 Expert weights are excluded from DDP/FSDP: they are already sharded over ``ep`` and are summed
 over ``edp`` by :func:`sync_expert_grads`.
@@ -146,6 +148,17 @@ def apply_expert_parallel(model: nn.Module, layout: Layout) -> None:
             module.ep_group = layout.group("ep")
 
 
+def apply_context_parallel(model: nn.Module, layout: Layout) -> None:
+    """Give the model its place in the cp group: from now on it takes this rank's share of
+    each sequence (:func:`trainpilot.runtime.models.context.shard_sequence`)."""
+    from trainpilot.runtime.models.context import ContextParallel
+
+    if layout.size("cp") == 1:
+        return
+    model.set_context_parallel(ContextParallel(mesh=layout.submesh("cp"), rank=layout.cp_rank,
+                                               size=layout.size("cp")))
+
+
 def expert_parameters(model: nn.Module, layout: Layout) -> list[nn.Parameter]:
     """Expert weights sharded over ``ep`` (empty when ep = 1: then they are ordinary weights).
     Call after ``to_empty``, which replaces parameter objects."""
@@ -160,9 +173,11 @@ def _data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
                    ) -> tuple[nn.Module, str]:
     """Wrap for the plan's data parallelism: zero 0 -> DDP (FSDP2 replicate under a pipeline),
     zero 1/2 -> FSDP2 without resharding after forward, zero 3 -> FSDP2 resharding, dp_shard
-    -> HSDP. ``ignored`` (expert weights) stay out of it. Returns (module, kind)."""
+    -> HSDP; over ``layout.grad_axis`` (dp, or dp x cp). ``ignored`` (expert weights) stay out
+    of it. Returns (module, kind)."""
     plan = layout.plan
-    if plan.dp == 1:
+    axis = layout.grad_axis
+    if layout.size(axis) == 1:
         return model, "none"
     if plan.zero == 0 and plan.pp > 1:
         # DDP's reducer asserts when a pipeline schedule runs several backward passes per step
@@ -170,7 +185,7 @@ def _data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
         # no sharding) is what torch.distributed.pipelining supports for plain data parallel.
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        return replicate(model, mesh=layout.submesh("dp"),
+        return replicate(model, mesh=layout.submesh(axis),
                          ignored_params=set(ignored) or None), "fsdp"
     if plan.zero == 0:
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -181,11 +196,11 @@ def _data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
         names = [n for n, p in model.named_parameters() if id(p) in ids]
         names += [n for n, _ in model.named_buffers() if n.startswith("rope_")]
         DDP._set_params_and_buffers_to_ignore_for_model(model, names)
-        return DDP(model, process_group=layout.group("dp"),
+        return DDP(model, process_group=layout.group(axis),
                    bucket_cap_mb=plan.comm.bucket_mb), "ddp"
     from torch.distributed.fsdp import fully_shard
 
-    mesh = layout.mesh["dp_replicate", "dp_shard"] if plan.dp_shard else layout.submesh("dp")
+    mesh = layout.mesh["dp_replicate", "dp_shard"] if plan.dp_shard else layout.submesh(axis)
     kwargs = dict(mesh=mesh, reshard_after_forward=plan.zero == 3,
                   ignored_params=set(ignored) or None)
     for block in model.layers.values() if hasattr(model, "layers") else []:
@@ -213,6 +228,7 @@ def parallelize(spec: ModelSpec, layout: Layout, *, seed: int, max_seq_len: int,
             apply_tensor_parallel(model, layout.submesh("tp"),
                                   sequence_parallel=plan.sequence_parallel)
         apply_expert_parallel(model, layout)
+        apply_context_parallel(model, layout)
         if materialize:
             model.to_empty(device=layout.device)
         chunk_experts = expert_parameters(model, layout)
@@ -222,7 +238,8 @@ def parallelize(spec: ModelSpec, layout: Layout, *, seed: int, max_seq_len: int,
         if materialize or plan.zero > 0:
             wrapped, kind = _data_parallel(model, layout, chunk_experts)
         else:
-            wrapped, kind = model, "ddp" if plan.dp > 1 else "none"  # replicas: same counts
+            # replicas: same counts
+            wrapped, kind = model, "ddp" if layout.size(layout.grad_axis) > 1 else "none"
         modules.append(model)
         chunks.append(wrapped)
         experts.extend(chunk_experts)

@@ -2,16 +2,27 @@
 
 It composes pieces a user can also call from their own loop: ``build_layout`` (mesh),
 ``parallelize`` (the model under the plan), ``build_optimizer`` / ``build_lr_scheduler``,
-``clip_grad_norm_``, ``ResumableSampler`` and a dataset. One step = ``global_batch_size``
-sequences: each data-parallel rank takes its share and accumulates gradients over
-``num_micro_batches`` micro-batches (or hands them to the pipeline schedule), then one clip and
-one AdamW step. Everything that must be saved to resume is in :meth:`Trainer.state_dict`.
+``clip_grad_norm_``, ``ResumableSampler`` and a dataset; optionally the DDP communication hook
+of ``plan.comm``, a :class:`~trainpilot.runtime.checkpoint.Checkpointer` (saves every
+``checkpoint_every`` steps, restores on start), a
+:class:`~trainpilot.runtime.faults.FaultInjector`, a
+:class:`~trainpilot.health.HealthMonitor` (its directives are honoured) and an
+:class:`~trainpilot.runtime.elastic.ElasticSession` (failures are recovered in process).
+
+One step = ``global_batch_size`` sequences: each data-parallel rank takes its share and
+accumulates gradients over ``num_micro_batches`` micro-batches (or hands them to the pipeline
+schedule), then one clip and one AdamW step. A step is *committed* by its optimizer update,
+exactly once: a collective that fails before reaching the wire is re-issued, a non-finite
+gradient makes the step be computed again from the same batch and RNG state, and any other
+failure rolls back to the newest checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import random
 import time
 from typing import Any, Callable, Sequence
 
@@ -24,11 +35,12 @@ from trainpilot.runtime.callbacks import Callback, StepRecord
 from trainpilot.runtime.config import TrainConfig
 from trainpilot.runtime.data import MarkovCorpus, TokenDataset, TokenFileDataset
 from trainpilot.runtime.layout import Layout, build_layout
-from trainpilot.runtime.optim import build_lr_scheduler, build_optimizer, clip_grad_norm_
+from trainpilot.runtime.optim import (
+    build_grad_scaler, build_lr_scheduler, build_optimizer, clip_grad_norm_, global_grad_norm)
 from trainpilot.runtime.parallelize import (
     ParallelModel, parallelize, sync_expert_grads, token_cross_entropy, wrap_custom)
 from trainpilot.runtime.sampler import ResumableSampler
-from trainpilot.specs import ModelSpec, Plan, SpecError
+from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
 
 def make_dataset(config: TrainConfig, model: ModelSpec | None, plan: Plan) -> TokenDataset:
@@ -42,20 +54,27 @@ def make_dataset(config: TrainConfig, model: ModelSpec | None, plan: Plan) -> To
                             dtype=config.data_dtype)
 
 
-def use_bf16_autocast(mode: str, plan: Plan, device: torch.device) -> tuple[bool, str]:
-    """Whether to autocast to bf16, and why (said in the run's output)."""
-    if mode == "off" or plan.precision != "bf16":
-        return False, "off (asked)" if mode == "off" else f"off (plan.precision={plan.precision})"
+def autocast_dtype(mode: str, plan: Plan, device: torch.device) -> tuple[torch.dtype | None, str]:
+    """The autocast dtype (None: fp32), and why (said in the run's output)."""
+    if mode == "off":
+        return None, "off (asked)"
     if mode == "bf16":
-        return True, "bf16 (asked)"
+        return torch.bfloat16, "bf16 (asked)"
+    if plan.precision == "fp16":  # check_runtime refused it where fp16 would be emulated
+        note = "fp16, dynamic loss scaling"
+        if device.type == "cpu" and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
+            note += " (emulated on this CPU: slow)"
+        return torch.float16, note
+    if plan.precision != "bf16":
+        return None, f"off (plan.precision={plan.precision})"
     if device.type == "cuda":
         ok = torch.cuda.is_bf16_supported()
-        return ok, "bf16" if ok else "off (this GPU has no bf16)"
+        return (torch.bfloat16 if ok else None), "bf16" if ok else "off (this GPU has no bf16)"
     if device.type == "cpu":
         ok = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        return ok, "bf16 (native bf16 CPU)" if ok else (
+        return (torch.bfloat16 if ok else None), "bf16 (native bf16 CPU)" if ok else (
             "off, fp32: this CPU lacks native bf16 matmul (AVX512-BF16/AMX)")
-    return True, "bf16"
+    return torch.bfloat16, "bf16"
 
 
 def set_determinism(seed: int, deterministic: bool, device: torch.device) -> None:
@@ -71,8 +90,10 @@ class Trainer:
     maps tokens [b, s] to logits [b, s, vocab]) under ``plan``.
 
     ``layout`` defaults to :func:`build_layout` (a mesh over the initialised process group, or a
-    single process). ``dataset`` defaults to ``config.data``. ``cluster`` and
-    ``predicted_step_time_s`` are recorded in every step's record.
+    single process). ``dataset`` defaults to ``config.data``. ``cluster`` places ranks for a
+    hierarchical comm hook; ``predicted_step_time_s`` is recorded in every step's record.
+    ``checkpointer``, ``faults``, ``monitor`` and ``elastic`` are optional (module doc);
+    ``comm_hook=False`` leaves DDP's built-in all-reduce in place.
     """
 
     def __init__(self, *, plan: Plan, config: TrainConfig = TrainConfig(),
@@ -80,19 +101,59 @@ class Trainer:
                  model_factory: Callable[[], nn.Module] | None = None,
                  dataset: TokenDataset | None = None, layout: Layout | None = None,
                  callbacks: Sequence[Callback] = (), loss_fn: Callable | None = None,
-                 predicted_step_time_s: float | None = None):
+                 predicted_step_time_s: float | None = None, cluster: ClusterSpec | None = None,
+                 checkpointer: Any = None, faults: Any = None, monitor: Any = None,
+                 elastic: Any = None, comm_hook: bool = True):
         if (model is None) == (model_factory is None):
             raise ValueError("give exactly one of model (a ModelSpec) and model_factory")
         self.plan, self.config, self.spec = plan, config, model
-        self.layout = layout or build_layout(plan, model=model,
-                                             custom_model=model_factory is not None)
-        set_determinism(config.seed, config.deterministic, self.layout.device)
+        self.model_factory, self.cluster = model_factory, cluster
+        self.checkpointer, self.faults, self.monitor, self.elastic = (
+            checkpointer, faults, monitor, elastic)
+        self.use_comm_hook = comm_hook
         self.loss_fn = loss_fn or token_cross_entropy
-        if model is not None:
-            self.model: ParallelModel = parallelize(model, self.layout, seed=config.seed,
-                                                    max_seq_len=plan.seq_len, loss_fn=self.loss_fn)
+        self.callbacks = list(callbacks)
+        if monitor is not None and monitor not in self.callbacks:
+            self.callbacks.append(monitor)
+        if monitor is not None and checkpointer is not None and monitor.restore is None:
+            # The rollback intervention restores the checkpoint it picked, through ours.
+            monitor.restore = lambda step: self.restore(max_step=step)
+        if elastic is not None:
+            elastic.emit = self.emit
+        layout = layout or build_layout(plan, model=model, custom_model=model_factory is not None)
+        set_determinism(config.seed, config.deterministic, layout.device)
+        self.comm_hook = None
+        self._build(layout)
+        self.dataset = dataset or make_dataset(config, model, plan)
+        if self.dataset.seq_len != plan.seq_len:
+            raise SpecError("plan.seq_len", plan.seq_len,
+                            f"the dataset yields sequences of {self.dataset.seq_len} tokens")
+        self.sampler = ResumableSampler(self.dataset.num_samples, seed=config.seed,
+                                        shuffle=config.shuffle)
+        self.autocast_dtype, self.autocast_note = autocast_dtype(config.autocast, plan,
+                                                                 self.layout.device)
+        self.autocast = self.autocast_dtype is not None
+        self.predicted_step_time_s = predicted_step_time_s
+        self.step = 0
+        self.stop_reason: str | None = None
+        self.num_saves = 0
+        self._last_save = None  # the newest SaveHandle (elastic.steps)
+        self._step_times: list[float] = []
+
+    def _build(self, layout: Layout) -> None:
+        """Model, optimizers, schedulers and comm hook on ``layout`` (again after a recovery)."""
+        plan, config = self.plan, self.config
+        self.layout = layout
+        # fp16: dynamic loss scaling (a pass-through scaler otherwise); see _unscale.
+        self.scaler = build_grad_scaler(plan.precision, layout.device,
+                                        distributed=layout.is_distributed)
+        self._unscaled = False
+        if self.spec is not None:
+            schedule_loss = self._scaled_loss if self.scaler.is_enabled() else self.loss_fn
+            self.model: ParallelModel = parallelize(self.spec, layout, seed=config.seed,
+                                                    max_seq_len=plan.seq_len, loss_fn=schedule_loss)
         else:
-            self.model = wrap_custom(model_factory(), self.layout)
+            self.model = wrap_custom(self.model_factory(), layout)
         self.model.train()
         # One optimizer per model chunk (interleaved pipelines hold several): parameter names
         # are global, so their state dicts merge without clashes.
@@ -104,22 +165,40 @@ class Trainer:
                                               total_steps=config.steps,
                                               min_ratio=config.min_lr_ratio)
                            for o in self.optimizers]
-        self.dataset = dataset or make_dataset(config, model, plan)
-        if self.dataset.seq_len != plan.seq_len:
-            raise SpecError("plan.seq_len", plan.seq_len,
-                            f"the dataset yields sequences of {self.dataset.seq_len} tokens")
-        self.sampler = ResumableSampler(self.dataset.num_samples, seed=config.seed,
-                                        shuffle=config.shuffle)
-        self.callbacks = list(callbacks)
-        self.autocast, self.autocast_note = use_bf16_autocast(config.autocast, plan,
-                                                              self.layout.device)
-        self.predicted_step_time_s = predicted_step_time_s
-        self.step = 0
-        self.stop_reason: str | None = None
         # The pipeline schedule divides gradients by the micro-batch count itself.
         aux_scale = 1.0 if self.model.schedule is not None else 1.0 / plan.num_micro_batches
         for moe in self.model.moe_layers():
             moe.aux_scale = aux_scale
+        if self.use_comm_hook and self.model.data_parallel == "ddp" and layout.is_distributed:
+            from trainpilot.runtime.comm import make_comm_hook
+
+            self.comm_hook = make_comm_hook(plan.comm, self.cluster,
+                                            process_group=layout.group(layout.grad_axis),
+                                            seed=config.seed)
+            self.comm_hook.register(self.model.chunks[0])
+        if self.monitor is not None:
+            self.monitor.scheduler = self.schedulers[0]  # halve_lr scales its base LRs too
+        self._hooks: list[Any] | None = None  # set by _prepare_update
+        self._norm = torch.zeros(())
+
+    def teardown(self) -> None:
+        """Release the model, optimizers and hook threads (before the groups are rebuilt)."""
+        if self.comm_hook is not None:
+            self.comm_hook.close()
+            self.comm_hook = None
+        if self.monitor is not None:
+            self.monitor.detach()
+        for handle in self._hooks or []:
+            handle.remove()
+        self._hooks = None
+        self.model, self.optimizers, self.schedulers = None, [], []
+
+    def rebuild(self, layout: Layout) -> None:
+        """Build the model, optimizer and hooks again on a new layout (new process group); the
+        state is then restored from a checkpoint (:meth:`restore`)."""
+        if self.model is not None:
+            self.teardown()
+        self._build(layout)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
@@ -129,16 +208,35 @@ class Trainer:
 
     # ---- pieces of a step -------------------------------------------------------------------
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's share of the next global batch, on the device."""
+        """This rank's share of the next global batch, on the device: its dp share of the
+        samples, and with context parallelism its cp share of their tokens."""
         indices = self.sampler.next_indices(self.plan.global_batch_size)
         mine = ResumableSampler.shard(indices, self.layout.dp_rank, self.plan.dp)
         inputs, targets = self.dataset.get_batch(mine)
+        if self.plan.cp > 1 and self.spec is not None:
+            from trainpilot.runtime.models.context import shard_sequence
+
+            cp_rank, cp = self.layout.cp_rank, self.plan.cp
+            inputs = shard_sequence(inputs, cp_rank=cp_rank, cp=cp)
+            targets = shard_sequence(targets, cp_rank=cp_rank, cp=cp)
         return inputs.to(self.layout.device), targets.to(self.layout.device)
 
     def _autocast_ctx(self):
-        if not self.autocast:
+        if self.autocast_dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.layout.device.type, dtype=torch.bfloat16)
+        return torch.autocast(self.layout.device.type, dtype=self.autocast_dtype)
+
+    def _scaled_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The pipeline schedule's loss under fp16: scaled before its backward."""
+        return self.scaler.scale(self.loss_fn(logits, targets))
+
+    def _unscale(self) -> None:
+        """fp16: divide the gradients by the loss scale, once per step, before anything reads
+        them; the scaler records (and all-reduces) whether any is non-finite."""
+        if self.scaler.is_enabled() and not self._unscaled:
+            for opt in self.optimizers:
+                self.scaler.unscale_(opt)
+            self._unscaled = True
 
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Gradients of the mean loss over this rank's batch; returns that loss (0 on pipeline
@@ -152,7 +250,10 @@ class Trainer:
                     pm.schedule.step(inputs, target=target, losses=losses)
                 else:
                     pm.schedule.step(target=target, losses=losses)
-            return torch.stack(losses).mean().detach() if losses else torch.zeros(())
+            if not losses:
+                return torch.zeros(())
+            mean = torch.stack(losses).mean().detach()
+            return mean / self.scaler.get_scale() if self.scaler.is_enabled() else mean
         n, chunk = self.plan.num_micro_batches, pm.chunks[0]
         total = torch.zeros((), device=inputs.device)
         for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
@@ -160,68 +261,236 @@ class Trainer:
                 with self._autocast_ctx():
                     logits = chunk(x)
                 loss = self.loss_fn(logits, y)
-                (loss / n).backward()
+                (self.scaler.scale(loss) / n).backward()  # scale(): identity unless fp16
             total += loss.detach()
         return total / n
 
+    def clip(self) -> float:
+        """Expert-gradient sync and clipping; returns the global pre-clip grad norm."""
+        pm = self.model
+        self._unscale()
+        sync_expert_grads(pm)
+        return float(clip_grad_norm_(pm.parameters(), self.config.grad_clip,
+                                     expert_params=pm.expert_params,
+                                     ep_group=self.layout.group("ep"),
+                                     pp_group=self.layout.group("pp")))
+
+    def _norm_groups(self) -> dict[str, Any]:
+        return dict(expert_params=self.model.expert_params, ep_group=self.layout.group("ep"),
+                    pp_group=self.layout.group("pp"))
+
+    def grad_norm(self) -> float:
+        """Expert-gradient sync, then the global gradient norm (identical on every rank, with
+        the gradients of this rank's replica); clipping happens inside ``optimizer.step()``,
+        after the health monitor saw the unclipped gradients."""
+        self._unscale()
+        sync_expert_grads(self.model)
+        self._norm = global_grad_norm(self.model.parameters(), **self._norm_groups())
+        return float(self._norm)
+
+    def _clip_hook(self, optimizer, args, kwargs) -> None:
+        """Optimizer pre-step hook, after the monitor's: clip to ``config.grad_clip`` with the
+        norm of this step (measured again if a monitor intervention changed the gradients)."""
+        if self.config.grad_clip is None or optimizer is not self.optimizers[0]:
+            return
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return  # the update is skipped (the monitor dropped the gradients)
+        norm = self._norm
+        if self.monitor is not None and self.monitor.config.interventions.clip.enabled:
+            norm = global_grad_norm(self.model.parameters(), **self._norm_groups())
+        for kind in (True, False):  # one foreach kernel cannot mix DTensor and plain tensors
+            subset = [p for p in params if hasattr(p.grad, "device_mesh") == kind]
+            if subset:
+                torch.nn.utils.clip_grads_with_norm_(subset, self.config.grad_clip, norm)
+
+    def _prepare_update(self) -> None:
+        """Once per build, before the first real update: the monitor's optimizer hooks, then
+        the clip hook (hooks run in registration order). Not earlier: torch's state_dict
+        helpers initialise a fresh optimizer with a zero-gradient step that the monitor must
+        not see as a training step."""
+        if self._hooks is not None:
+            return
+        if self.monitor is not None and self.optimizer is not None:
+            self.monitor.attach(self.model, self.optimizer)
+        self._hooks = [opt.register_step_pre_hook(self._clip_hook) for opt in self.optimizers]
+
+    def apply_update(self) -> bool:
+        """Clip, AdamW and the LR schedule: this commits the step. Returns False when the fp16
+        loss scaler skipped the update (a non-finite gradient on some rank: every rank skips,
+        the scale is halved and, as in Megatron, the LR schedule does not advance)."""
+        self._prepare_update()
+        self._unscale()
+        scale = self.scaler.get_scale()
+        for opt in self.optimizers:
+            self.scaler.step(opt)  # opt.step() unless the scaler found inf/NaN
+        self.scaler.update()
+        applied = not self.scaler.is_enabled() or self.scaler.get_scale() >= scale
+        for opt, sched in zip(self.optimizers, self.schedulers):
+            if applied:
+                sched.step()
+            opt.zero_grad(set_to_none=True)
+        self._unscaled = False
+        return applied
+
     def optimizer_step(self) -> float:
         """Expert-gradient sync, clip, AdamW, LR schedule; returns the pre-clip grad norm."""
-        pm = self.model
-        sync_expert_grads(pm)
-        norm = clip_grad_norm_(pm.parameters(), self.config.grad_clip,
-                               expert_params=pm.expert_params, ep_group=self.layout.group("ep"),
-                               pp_group=self.layout.group("pp"))
-        for opt, sched in zip(self.optimizers, self.schedulers):
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-        return float(norm)
+        norm = self.grad_norm()
+        self.apply_update()
+        return norm
 
-    def _start_stats(self, loss: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """Start summing [loss, MoE aux loss] over all ranks. Asynchronous: it overlaps with
-        clipping and the optimizer step instead of adding a synchronisation point."""
+    def _global_stats(self, loss: torch.Tensor, grad_norm: float, step: int,
+                      ) -> tuple[float, float | None, bool, int]:
+        """(global-batch mean loss, mean MoE aux loss, whether any rank saw a non-finite
+        gradient, collective retries): one 3-float all-reduce, so every rank takes the same
+        decision. A failure before the wire is retried (``elastic.retry``)."""
         device = self.layout.device
         aux = sum((m.take_aux_loss().to(device) for m in self.model.moe_layers()),
                   torch.zeros((), device=device))
-        stats = torch.stack([loss.float().to(device), aux.float()])
-        work = dist.all_reduce(stats, async_op=True) if self.layout.is_distributed else None
-        return stats, work
+        bad = 0.0 if math.isfinite(grad_norm) else 1.0
+        stats = torch.stack([loss.float().to(device), aux.float(),
+                             torch.tensor(bad, device=device)])
+        retries, replicas = [0], 1
+        if self.layout.is_distributed:
+            from trainpilot.runtime.elastic.retry import retry_collective
 
-    def _finish_stats(self, stats: torch.Tensor, work: Any) -> tuple[float, float | None]:
-        """Global-batch mean loss and mean MoE aux loss, the same on every rank."""
-        replicas = 1
-        if work is not None:
-            work.wait()
-            replicas = self.plan.dp * self.plan.tp  # every dp x tp rank of the last stage
-        stats = stats.cpu() / replicas
+            rank, faults = self.layout.rank, self.faults
+            max_retries = self.elastic.config.max_collective_retries if self.elastic else 0
+
+            def on_retry(attempt: int, err: BaseException) -> None:
+                retries[0] = attempt
+                self.emit("collective_retry", dict(step=step, rank=rank, attempt=attempt,
+                                                   error=str(err)[:200]))
+
+            def issue() -> None:
+                self._phase("collective")
+                dist.all_reduce(stats)
+                self._phase("compute")
+
+            retry_collective(issue, step=step, max_retries=max_retries,
+                             before=(lambda: faults.before_collective(step, rank=rank))
+                             if faults is not None else None, on_retry=on_retry)
+            # Every dp x cp x tp rank of the last stage; cp ranks hold equal token counts.
+            replicas = self.plan.dp * self.plan.cp * self.plan.tp
+        stats = stats.cpu()
         num_moe = self.spec.num_moe_layers if self.spec is not None else 0
-        return float(stats[0]), (float(stats[1]) / num_moe if num_moe else None)
+        aux_value = float(stats[1]) / replicas / num_moe if num_moe else None
+        return float(stats[0]) / replicas, aux_value, bool(stats[2] > 0), retries[0]
+
+    def _position(self) -> tuple[dict[str, Any], Any]:
+        """Where the data and the RNG are: enough to compute a step again."""
+        return self.sampler.state_dict(), _rng_state()
+
+    def _rewind(self, position: tuple[dict[str, Any], Any]) -> None:
+        self.sampler.load_state_dict(position[0])
+        _set_rng_state(position[1])
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
 
     def train_step(self) -> StepRecord:
         """One optimizer step; returns its record (after calling the callbacks)."""
+        step, rank = self.step + 1, self.layout.rank
         start = time.perf_counter()
-        inputs, targets = self.next_batch()
-        data_wait = time.perf_counter() - start
+        self._phase("compute")
+        if self.faults is not None:
+            self.faults.on_step(step, rank=rank, step_time_s=self._usual_step_time_s())
         lr = self.optimizers[0].param_groups[0]["lr"]
-        loss = self.forward_backward(inputs, targets)
-        pending = self._start_stats(loss)
-        grad_norm = self.optimizer_step()
-        loss_value, aux = self._finish_stats(*pending)
+        for attempt in (1, 2):
+            position = self._position()
+            t0 = time.perf_counter()
+            inputs, targets = self.next_batch()
+            data_wait = time.perf_counter() - t0
+            self._phase("collective")  # DDP/FSDP/pipeline wait on peers inside it
+            loss = self.forward_backward(inputs, targets)
+            fb_s = time.perf_counter() - t0 - data_wait
+            self._phase("compute")
+            if self.faults is not None:
+                self.faults.poison_gradients(self.model.parameters(), step, rank=rank)
+            grad_norm = self.grad_norm()
+            loss_value, aux, nonfinite, retries = self._global_stats(loss, grad_norm, step)
+            recompute = self.elastic is None or self.elastic.config.recompute_nonfinite
+            # Under fp16 a non-finite gradient is the loss scaler's business (skip, halve).
+            recompute = recompute and not self.scaler.is_enabled()
+            if not (nonfinite and attempt == 1 and recompute):
+                break
+            # A transient fault (a flipped bit, a bad device) does not come back when the same
+            # batch is computed again; a NaN the data causes does, and then the health monitor
+            # (skip batch) decides. Every rank saw the same flag, so all of them recompute.
+            self.emit("nonfinite_recompute", dict(step=step, grad_norm=grad_norm))
+            self._rewind(position)
+        skipped = False
+        if self.monitor is not None:
+            self._prepare_update()
+            skipped = self.monitor.observe_loss(step, loss_value)
+        if not self.apply_update():
+            skipped = True
+            self.emit("loss_scale_skip", dict(step=step, grad_norm=grad_norm,
+                                              new_scale=self.scaler.get_scale()))
+        comm = self.comm_hook.end_step() if self.comm_hook is not None else None
         _synchronize(self.layout.device)
         elapsed = time.perf_counter() - start
-        self.step += 1
+        self.step = step
+        self._step_times = (self._step_times + [elapsed])[-16:]
+        comm_s = comm.comm_s if comm is not None else None
+        timings = self._rank_timings(step, elapsed, fb_s, comm_s, data_wait)  # a collective
         tokens = self.plan.tokens_per_step
-        record = StepRecord(step=self.step, loss=loss_value, lr=lr, grad_norm=grad_norm,
+        record = StepRecord(step=step, loss=loss_value, lr=lr, grad_norm=grad_norm,
                             step_time_s=elapsed, data_wait_s=data_wait, tokens=tokens,
                             tokens_per_s=tokens / elapsed,
                             predicted_step_time_s=self.predicted_step_time_s, aux_loss=aux,
                             epoch=self.sampler.epoch,
-                            samples_seen=self.step * self.plan.global_batch_size)
+                            samples_seen=self.sampler_position(),
+                            compute_time_s=max(0.0, fb_s - (comm_s or 0.0)),
+                            comm_time_s=comm_s,
+                            comm_bytes=comm.wire_bytes if comm is not None else None,
+                            comm_payload_bytes=comm.payload_bytes if comm is not None else None,
+                            rank_timings=timings, attempts=attempt, collective_retries=retries, skipped_update=skipped)
         if not np.isfinite(loss_value):
             self.emit("nonfinite_loss", dict(step=self.step, loss=loss_value))
+        directive = None
         for cb in self.callbacks:
-            cb.on_step_end(self, record)
+            out = cb.on_step_end(self, record)
+            if cb is self.monitor:
+                directive = out
+        if self.elastic is not None and self.elastic.heartbeat is not None:
+            self.elastic.heartbeat.update(step=self.step)
+        self._honour(directive)
         return record
+
+    def sampler_position(self) -> int:
+        """Samples consumed since the start (all ranks), as the sampler counts them."""
+        state = self.sampler.state_dict()
+        return int(state["epoch"]) * self.dataset.num_samples + int(state["position"])
+
+    def _usual_step_time_s(self) -> float | None:
+        return float(np.median(self._step_times)) if self._step_times else None
+
+    def _rank_timings(self, step: int, step_s: float, fb_s: float, comm_s: float | None,
+                      data_s: float) -> Any:
+        """Every rank's timings on rank 0 (one all-gather of 4 floats), for the monitor's
+        straggler rule; None elsewhere or without a monitor."""
+        if self.monitor is None or not self.layout.is_distributed:
+            return None
+        from trainpilot.health.stragglers import gather_rank_timings
+
+        self._phase("collective")
+        out = gather_rank_timings(step, step_s=step_s, compute_s=max(0.0, fb_s - (comm_s or 0)),
+                                  comm_s=comm_s or 0.0, data_s=data_s)
+        self._phase("compute")
+        return out
+
+    def _phase(self, name: str) -> None:
+        if self.elastic is not None:
+            self.elastic.phase(name)
+
+    def _honour(self, directive: Any) -> None:
+        """A health directive: a rollback restored the state already (through
+        :meth:`restore_to`); skip the data window it names."""
+        if directive is None or getattr(directive, "rollback_to", None) is None:
+            return
+        for _ in range(directive.skip_batches):
+            self.sampler.next_indices(self.plan.global_batch_size)
+        self.emit("data_skipped", dict(step=self.step, batches=directive.skip_batches))
 
     # ---- the loop ---------------------------------------------------------------------------
     def emit(self, kind: str, payload: dict[str, Any]) -> None:
@@ -234,15 +503,31 @@ class Trainer:
 
     def fit(self, steps: int | None = None) -> dict[str, Any]:
         """Run until ``steps`` (default ``config.steps``) optimizer steps are done or a stop is
-        requested; returns a summary (first/last loss, median step time and tokens/s)."""
+        requested; returns a summary (first/last loss, median step time and tokens/s).
+
+        With a checkpointer the newest checkpoint is restored first (a restarted or replacement
+        process resumes), and one is saved every ``checkpoint_every`` steps. With an elastic
+        session a failure is recovered in process and training goes on."""
+        from trainpilot.runtime.elastic.steps import (
+            recover_or_raise, report_failed_save, resume, save_if_due)
+
         target = steps if steps is not None else self.config.steps
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.emit("autocast", dict(setting=self.autocast_note))
-        records = []
+        resume(self)
+        records: dict[int, StepRecord] = {}
         while self.step < target and self.stop_reason is None:
-            records.append(self.train_step())
-        summary = summarize(records, self.predicted_step_time_s)
+            try:
+                record = self.train_step()
+                records[record.step] = record  # a step run again after a rollback replaces it
+                save_if_due(self)
+            except Exception as err:  # noqa: BLE001 - recover_or_raise re-raises what it cannot
+                recover_or_raise(self, err)
+        if self.checkpointer is not None:
+            self._phase("collective")
+            report_failed_save(self, wait=True)
+        summary = summarize([records[s] for s in sorted(records)], self.predicted_step_time_s)
         if self.stop_reason:
             summary["stopped"] = self.stop_reason
         for cb in self.callbacks:
@@ -250,10 +535,12 @@ class Trainer:
         return summary
 
     # ---- state ------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, rng: bool = True) -> dict[str, Any]:
         """Everything needed to resume bit-exactly: model and optimizer (this rank's shards, with
         global names, via torch.distributed.checkpoint.state_dict), LR schedule, sampler
-        position, RNG state and step."""
+        position, RNG state and step. ``rng=False`` leaves the RNG out: it differs per rank, and
+        the checkpointer captures every rank's own (in the global state it would be
+        deduplicated as a replicated tensor)."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
 
@@ -263,12 +550,16 @@ class Trainer:
         for chunk, opt in zip(self.model.chunks, self.optimizers):
             model_state.update(get_model_state_dict(chunk, options=options))
             optim_state.update(get_optimizer_state_dict(chunk, opt, options=options))
-        rng = dict(cpu=torch.get_rng_state())
-        if self.layout.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.layout.device)
-        return dict(model=model_state, optimizer=optim_state,
-                    scheduler=self.schedulers[0].state_dict(), sampler=self.sampler.state_dict(),
-                    rng=rng, step=self.step)
+        out = dict(model=model_state, optimizer=optim_state,
+                   scheduler=self.schedulers[0].state_dict(), sampler=self.sampler.state_dict(),
+                   step=self.step)
+        if self.scaler.is_enabled():  # fp16: the loss scale and its growth counter
+            out["grad_scaler"] = self.scaler.state_dict()
+        if rng:
+            out["rng"] = dict(cpu=torch.get_rng_state())
+            if self.layout.device.type == "cuda":
+                out["rng"]["cuda"] = torch.cuda.get_rng_state(self.layout.device)
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import (
@@ -281,10 +572,57 @@ class Trainer:
         for sched in self.schedulers:
             sched.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["rng"]["cpu"])
-        if "cuda" in state["rng"] and self.layout.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.layout.device)
+        if self.scaler.is_enabled() and "grad_scaler" in state:
+            # A fresh scaler: a failure between unscale_ and update leaves per-step state.
+            self.scaler = build_grad_scaler(self.plan.precision, self.layout.device,
+                                            distributed=self.layout.is_distributed)
+            self.scaler.load_state_dict(state["grad_scaler"])
+            self._unscaled = False
+        if "rng" in state:
+            torch.set_rng_state(state["rng"]["cpu"])
+            if "cuda" in state["rng"] and self.layout.device.type == "cuda":
+                torch.cuda.set_rng_state(state["rng"]["cuda"], self.layout.device)
         self.step = int(state["step"])
+
+    def rank_state(self) -> dict[str, Any]:
+        """What differs per rank and is not in :meth:`state_dict`: the comm hook's state (top-k
+        residuals). The checkpointer saves it per rank."""
+        return {"comm": self.comm_hook.state_dict() if self.comm_hook is not None else {}}
+
+    def load_rank_state(self, state: dict[str, Any] | None) -> None:
+        if state and self.comm_hook is not None and state.get("comm"):
+            self.comm_hook.load_state_dict(state["comm"])
+
+    def restore(self, *, max_step: int | None = None, source: str = "auto") -> Any:
+        """Restore the newest checkpoint (at or before ``max_step``) through the checkpointer;
+        returns its ``Restored`` or None (nothing saved yet: the initial state is rebuilt).
+        Collective over the checkpointer's group."""
+        from trainpilot.runtime.elastic.steps import restore
+
+        return restore(self, max_step=max_step, source=source)
+
+    def reset(self) -> None:
+        """Back to the state at construction (seeded weights, first sample, step 0)."""
+        set_determinism(self.config.seed, self.config.deterministic, self.layout.device)
+        random.seed(self.config.seed)
+        np.random.seed(self.config.seed % 2**32)
+        self.rebuild(self.layout)
+        self.sampler = ResumableSampler(self.dataset.num_samples, seed=self.config.seed,
+                                        shuffle=self.config.shuffle)
+        self.step = 0
+
+
+def _rng_state() -> tuple[Any, ...]:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state: tuple[Any, ...]) -> None:
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+    torch.set_rng_state(state[2])
+    if state[3] is not None:
+        torch.cuda.set_rng_state_all(state[3])
 
 
 def _grad_sync(chunk: nn.Module, kind: str, *, last: bool):

@@ -1,17 +1,21 @@
 """The worker torchrun starts on every rank: ``python -m trainpilot.runtime.worker --job JSON``.
 
-It joins the process group torchrun set up (env://), builds the layout, lets rank 0 write the
-resolved documents into the run directory (atomically), calibrates the cost model on CPU, trains
-and writes ``summary.json``. Per-step records stream to ``metrics.jsonl`` for the launcher.
+It joins the job's process group through an elastic session (a generation over the job's
+store), builds the layout (the plan fitted to the world size torchrun gave it), lets rank 0
+write the resolved documents into the run directory (atomically) and open the run store,
+calibrates the cost model on CPU, and trains with the checkpointer (``plan.checkpoint``), the
+fault injector (``--inject``), the health monitor and in-process recovery wired in. Per-step
+records stream to ``metrics.jsonl`` for the launcher; ``summary.json`` ends the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import faulthandler
 import json
 import os
 import platform
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,12 +32,15 @@ def write_documents(run_dir: Path, *, model: ModelSpec, plan: Plan, config, extr
     atomic_write_text(run_dir / "env.json", json.dumps(extra, indent=2) + "\n")
 
 
-def predict(model: ModelSpec, plan: Plan, layout, cluster: ClusterSpec | None) -> dict[str, Any]:
-    """Calibrate (CPU) or take the given cluster, and ask the cost model for the step time."""
+def predict(model: ModelSpec, plan: Plan, layout, cluster: ClusterSpec | None, *,
+            calibrate_now: bool = True) -> dict[str, Any]:
+    """Calibrate (CPU) or take the given cluster, and ask the cost model for the step time.
+    ``calibrate_now=False`` (a replacement process: its peers do not calibrate again) skips the
+    measurement, which is collective."""
     from trainpilot.runtime.calibrate import calibrate, calibrated_cpu_cluster, predict_step_time_s
 
     info: dict[str, Any] = {}
-    if cluster is None and layout.device.type == "cpu":
+    if cluster is None and layout.device.type == "cpu" and calibrate_now:
         cal = calibrate(device=layout.device)
         cluster = calibrated_cpu_cluster(layout.world_size, cal)
         info["calibration"] = cal.to_dict()
@@ -47,56 +54,174 @@ def predict(model: ModelSpec, plan: Plan, layout, cluster: ClusterSpec | None) -
     return info
 
 
+def open_store(run_dir: Path, *, model: ModelSpec, plan: Plan, config, cluster, layout,
+               job: dict[str, Any]):
+    """Rank 0's run store with the resolved documents (reopening it after a restart)."""
+    from trainpilot.store import RunStore
+
+    store = RunStore.create(run_dir, name=run_dir.name, world_size=layout.world_size,
+                            info=dict(writer="trainpilot.runtime.worker", inject=job.get("inject")),
+                            flush_every_steps=50, flush_interval_s=1.0)
+    store.set_document("model", model.to_dict())
+    store.set_document("plan", plan.to_dict())
+    store.set_document("train", config.to_dict())
+    if cluster is not None:
+        store.set_document("cluster", cluster.to_dict())
+    store.set_document("job", dict(inject=job.get("inject"), elastic=job.get("elastic"),
+                                   layout=layout.describe()))
+    return store
+
+
+def build_monitor(job: dict[str, Any], *, store, model: ModelSpec, plan: Plan, config, cluster):
+    """The HealthMonitor of this rank (None when ``--no-health``): every rank builds one fed
+    the same global loss, so every rank takes the same decisions; only rank 0's writes."""
+    if not job.get("health", True):
+        return None
+    from trainpilot.health.config import load_health_config
+    from trainpilot.health.monitor import HealthMonitor
+    from trainpilot.perf.flops import model_flops_per_token
+
+    health_config = load_health_config(job["health_config"]) if job.get("health_config") \
+        else load_health_config()
+    flops = model_flops_per_token(model, plan.seq_len) * plan.tokens_per_step
+    peak = None
+    if cluster is not None:
+        peak = cluster.device.peak_tflops.get("bf16", 0.0) * 1e12 * plan.world_size or None
+    monitor = HealthMonitor(store=store, config=health_config, total_steps=config.steps,
+                            flops_per_step=flops, peak_flops=peak)
+    monitor.log_events = False  # the RunRecorder records the runtime's events
+    return monitor
+
+
+def build_checkpointer(job: dict[str, Any], *, plan: Plan, run_dir: Path, faults, elastic):
+    """The checkpointer of ``plan.checkpoint`` (None with ``--no-checkpoint``). A failed save
+    is logged and training goes on (the next one may succeed: a disk that was full)."""
+    if not job.get("checkpoint", True):
+        return None
+    from trainpilot.runtime.checkpoint import CheckpointConfig, Checkpointer
+
+    timeout = elastic.config.collective_timeout_s if elastic is not None else 600.0
+    config = CheckpointConfig.from_policy(
+        plan.checkpoint, job.get("checkpoint_dir") or run_dir / "checkpoints",
+        on_write_error="warn", group_timeout_s=max(timeout, 60.0),
+        drain_timeout_s=max(2.0 * timeout, 10.0))
+    return Checkpointer(config, faults=faults)
+
+
 def run_worker(job: dict[str, Any]) -> int:
     import torch
     import torch.distributed as dist
 
-    from trainpilot.runtime.callbacks import JsonlMetrics
+    from trainpilot.runtime.callbacks import JsonlMetrics, RunRecorder
     from trainpilot.runtime.config import load_config
-    from trainpilot.runtime.layout import build_layout, default_backend
+    from trainpilot.runtime.elastic import ElasticConfig
+    from trainpilot.runtime.elastic.resize import plan_for_world
+    from trainpilot.runtime.elastic.session import ElasticSession
+    from trainpilot.runtime.faults import FaultInjector
+    from trainpilot.runtime.layout import build_layout
     from trainpilot.runtime.trainer import Trainer
     from trainpilot.specs import load_cluster, load_model, load_plan
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    # `kill -USR1 <pid>` prints every thread's stack to the worker's stderr: what a hang
+    # diagnosis needs first, without stopping the process.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     model, plan = load_model(job["model"]), load_plan(job["plan"])
     config = load_config(job["config"])
     cluster = load_cluster(job["cluster"]) if job.get("cluster") else None
     run_dir = Path(job["run_dir"])
-    dist.init_process_group(default_backend(),
-                            timeout=datetime.timedelta(seconds=job.get("timeout_s", 600)))
+    session = ElasticSession(ElasticConfig(**job.get("elastic", {})))
+    session.start()
+    store = checkpointer = None
     try:
+        plan = plan_for_world(plan, dist.get_world_size())  # elastic --nnodes=MIN:MAX
         layout = build_layout(plan, model=model)
         rank0 = layout.rank == 0
         if rank0:
             write_documents(run_dir, model=model, plan=plan, config=config, extra=dict(
                 torch=torch.__version__, python=platform.python_version(),
                 host=platform.node(), **layout.describe()))
-        pred = predict(model, plan, layout, cluster) if config.predict else {}
+        pred = _prediction(model, plan, layout, cluster, config, run_dir, session)
         if rank0 and pred.get("cluster") is not None:
             dump(pred["cluster"], run_dir / "cluster.yaml")
+        if rank0:
+            store = open_store(run_dir, model=model, plan=plan, config=config,
+                               cluster=pred.get("cluster"), layout=layout, job=job)
+        faults = FaultInjector(job.get("inject") or "", journal_path=run_dir / "faults.jsonl")
+        checkpointer = build_checkpointer(job, plan=plan, run_dir=run_dir, faults=faults,
+                                          elastic=session)
+        monitor = build_monitor(job, store=store, model=model, plan=plan, config=config,
+                                cluster=pred.get("cluster"))
+        recorder = RunRecorder(store, rank=layout.rank, journal=faults,
+                               monitor_logs_metrics=monitor is not None)
         metrics = JsonlMetrics(run_dir / "metrics.jsonl", rank=layout.rank)
         trainer = Trainer(model=model, plan=plan, config=config, layout=layout,
-                          callbacks=[metrics, *load_callbacks(job.get("callbacks", []),
-                                                              run_dir=run_dir, layout=layout)],
-                          predicted_step_time_s=pred.get("predicted_step_time_s"))
+                          callbacks=[metrics, recorder, *load_callbacks(
+                              job.get("callbacks", []), run_dir=run_dir, layout=layout)],
+                          predicted_step_time_s=pred.get("predicted_step_time_s"),
+                          cluster=cluster or pred.get("cluster"), checkpointer=checkpointer,
+                          faults=faults, monitor=monitor, elastic=session)
         if "calibration" in pred:
             trainer.emit("calibration", dict(**pred["calibration"], note=pred["calibration_note"]))
         summary = trainer.fit()
-        if rank0:
+        if trainer.layout.rank == 0:
             summary.update(
-                layout=layout.describe(), autocast=trainer.autocast_note,
+                layout=trainer.layout.describe(), autocast=trainer.autocast_note,
                 prediction_note=pred.get("prediction_note"),
-                calibration=pred.get("calibration"), data=_data_info(trainer.dataset))
+                calibration=pred.get("calibration"), data=_data_info(trainer.dataset),
+                faults_fired=len(faults.fired()),
+                checkpoint_errors=len(checkpointer.errors) if checkpointer else 0)
+            if store is not None:
+                summary.update(_whole_run(store))
             atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        if store is not None:
+            store.close(status="completed")
+            store = None
         return 0
     finally:
-        dist.destroy_process_group()
+        if checkpointer is not None:
+            checkpointer.close()
+        if store is not None:
+            store.close(status="failed")
+        session.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _prediction(model, plan, layout, cluster, config, run_dir: Path, session,
+                ) -> dict[str, Any]:
+    """The predicted step time (``{}`` with ``--no-predict``). A replacement process reads the
+    cluster its peers calibrated (``cluster.yaml``) instead of measuring: calibration is a
+    collective its peers, busy recovering, do not run again."""
+    from trainpilot.specs import load_cluster
+
+    if not config.predict:
+        return {}
+    if session.is_replacement:
+        saved = run_dir / "cluster.yaml"
+        known = cluster or (load_cluster(str(saved)) if saved.is_file() else None)
+        return predict(model, plan, layout, known, calibrate_now=False)
+    return predict(model, plan, layout, cluster)
+
+
+def _whole_run(store) -> dict[str, Any]:
+    """What the summary of a restarted process cannot know by itself: the first loss of the
+    run (before any restart) and every recovery, from the run store."""
+    store.flush()
+    steps, losses = store.series("loss")
+    out: dict[str, Any] = {}
+    if steps and steps[0] == 1:
+        out["first_loss"] = losses[0]
+    out["recoveries"] = [dict(e.payload, time_unix_s=e.time)
+                         for e in store.events(kinds=["recovered"])]
+    out["faults"] = [e.payload for e in store.events(kinds=["fault"])]
+    return out
 
 
 def load_callbacks(refs: list[str], *, run_dir: Path, layout) -> list:
     """Instantiate ``"package.module:factory"`` references; each factory is called as
-    ``factory(run_dir=..., layout=...)`` and returns a Callback (how the run store and the
-    health monitor attach to a ``trainpilot train`` run)."""
+    ``factory(run_dir=..., layout=...)`` and returns a Callback (how a user's own observer
+    attaches to a ``trainpilot train`` run)."""
     import importlib
 
     out = []

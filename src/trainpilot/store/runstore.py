@@ -246,17 +246,21 @@ class RunStore:
             self._maybe_flush()
 
     def log_event(self, kind: str, step: int | None, payload: Mapping[str, Any] | None = None, *,
-                  severity: str = "info", name: str = "", message: str = "") -> int:
+                  severity: str = "info", name: str = "", message: str = "",
+                  time_s: float | None = None) -> int:
         """Record an event and commit it at once (with any buffered metrics before it, so the
         order on disk is the order of logging). Returns the event id (monotonic; readers poll
-        with ``events(since_id=...)``)."""
+        with ``events(since_id=...)``). ``time_s``: when it happened (unix seconds; default
+        now), for an event learnt of later, e.g. a fault on a rank that died before it could
+        report it."""
         self._require_writer()
         with self._lock:
             self._flush_locked()
             cur = self._conn.execute(
                 "INSERT INTO events (time, step, kind, severity, name, message, payload_json) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (time.time(), step, kind, severity, name, message,
+                (time.time() if time_s is None else float(time_s), step, kind, severity, name,
+                 message,
                  json.dumps(dict(payload or {}), default=str)))
             return int(cur.lastrowid)
 

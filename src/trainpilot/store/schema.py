@@ -16,6 +16,9 @@ STORE_FILENAME = "trainpilot.db"
 EVENT_KINDS = (
     "run_start", "run_end", "alert", "alert_cleared", "intervention", "fault", "diagnosis",
     "restart", "checkpoint", "lr_change", "note",
+    # the runtime's recovery events (trainpilot.runtime.callbacks.RunRecorder)
+    "recovered", "failure_detected", "collective_retry", "checkpoint_failed",
+    "nonfinite_recompute",
 )
 
 DDL = """

@@ -8,7 +8,8 @@ Measured (seconds of wall time, from ``run_start`` to ``run_end`` or now):
 - checkpoint_stall: the ``stall_s`` checkpoint events carry (0 when they carry none: said so);
 - lost_progress: steps redone after a rollback or restart, times the median step time (the store
   keeps only the redone steps' times, so this is an estimate, labelled as one);
-- recovery: from each fault event to the next restart event (detection, restart, restore);
+- recovery: from each fault to the first completed step after it (the runtime's ``recovered``
+  events; else each restart paired with the latest fault before it);
 - other: the rest (start-up, logging, evaluation, idle), which the simulator does not model.
 
 Simulated: the closed form for an ``AvailabilityJob`` of the run's size over the time it models
@@ -42,6 +43,41 @@ def _wall_s(store: RunStore) -> float:
     return max(0.0, end - run.started_time)
 
 
+def _recovery(store: RunStore) -> tuple[int, float, int]:
+    """(steps redone, seconds from fault to the first step after it, faults seen).
+
+    The runtime's ``recovered`` events carry both measurements (fault time to the first
+    completed step, and the steps redone) and are used when present. Stores without them (older
+    runs, other writers) pair each ``restart`` with the most recent fault before it, so a fault
+    that was absorbed without a restart (a retried collective, a recomputed NaN step, a slow
+    rank) is not charged with a later crash's recovery."""
+    faults = store.events(kinds=["fault"])
+    recovered = store.events(kinds=["recovered"])
+    if recovered:
+        lost = sum(int(e.payload.get("lost_steps") or 0) for e in recovered)
+        secs = sum(float(finite(e.payload.get("recovery_s")) or 0.0) for e in recovered)
+        return lost, secs, len(faults)
+    lost_steps, recovery_s = 0, 0.0
+    last_fault = None
+    last_ckpt = 0
+    for e in store.events(kinds=["fault", "restart", "checkpoint"]):
+        if e.kind == "checkpoint" and e.step is not None:
+            last_ckpt = e.step
+        elif e.kind == "fault":
+            last_fault = e
+        elif e.kind == "restart":
+            restored = e.payload.get("restored_step", e.payload.get("resumed_step"))
+            at = e.payload.get("step", e.step)
+            if last_fault is not None:
+                recovery_s += max(0.0, e.time - last_fault.time)
+                at = last_fault.step if last_fault.step is not None else at
+                restored = restored if restored is not None else last_ckpt
+                last_fault = None
+            if restored is not None and at is not None:
+                lost_steps += max(0, int(at) - int(restored))
+    return lost_steps, recovery_s, len(faults)
+
+
 def measured_goodput(store: RunStore) -> dict[str, Any]:
     """Seconds per category (keys of ``CATEGORIES``), wall time, and counts behind them."""
     steps, step_times = store.series("step_time_s")
@@ -53,25 +89,7 @@ def measured_goodput(store: RunStore) -> dict[str, Any]:
     checkpoints = store.events(kinds=["checkpoint"])
     stalls = [finite(e.payload.get("stall_s")) for e in checkpoints]
     stall_s = sum(s for s in stalls if s)
-    lost_steps, recovery_s, num_faults = 0, 0.0, 0
-    pending_fault = None
-    last_ckpt = 0
-    for e in store.events(kinds=["fault", "restart", "checkpoint"]):
-        if e.kind == "checkpoint" and e.step is not None:
-            last_ckpt = e.step
-        elif e.kind == "fault":
-            num_faults += 1
-            pending_fault = pending_fault or e
-        elif e.kind == "restart":
-            restored = e.payload.get("restored_step", e.payload.get("resumed_step"))
-            at = e.payload.get("step", e.step)
-            if pending_fault is not None:
-                recovery_s += max(0.0, e.time - pending_fault.time)
-                at = pending_fault.step if pending_fault.step is not None else at
-                restored = restored if restored is not None else last_ckpt
-                pending_fault = None
-            if restored is not None and at is not None:
-                lost_steps += max(0, int(at) - int(restored))
+    lost_steps, recovery_s, num_faults = _recovery(store)
     wall = _wall_s(store)
     out = dict(productive=productive, skipped_updates=skipped_s, checkpoint_stall=stall_s,
                lost_progress=lost_steps * median, recovery=recovery_s, retry=0.0)

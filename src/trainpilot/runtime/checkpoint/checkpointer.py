@@ -91,11 +91,14 @@ class Checkpointer:
         self.rebind(process_group)
 
     # -- group -----------------------------------------------------------------------------
-    def rebind(self, process_group: Any = None) -> None:
+    def rebind(self, process_group: Any = None, *, drain_timeout_s: float | None = None,
+               ) -> None:
         """Build the checkpointer's group over ``process_group``'s ranks (after a group was
         rebuilt, e.g. in-process recovery). Host-memory snapshots are kept; a save still in
-        flight on the old group gets ``config.drain_timeout_s`` to finish, then is abandoned."""
-        self._drain(raise_errors=False, timeout_s=self.config.drain_timeout_s)
+        flight on the old group gets ``drain_timeout_s`` (default ``config.drain_timeout_s``)
+        to finish, then is abandoned (after a failure its collectives cannot complete)."""
+        self._drain(raise_errors=False, timeout_s=self.config.drain_timeout_s
+                    if drain_timeout_s is None else drain_timeout_s)
         self._destroy_group()
         if dist.is_available() and dist.is_initialized():
             pg = process_group if process_group is not None else dist.group.WORLD
@@ -252,13 +255,15 @@ class Checkpointer:
     # -- restore ---------------------------------------------------------------------------
     def restore_latest(self, template: Any = None, *,
                        source: Literal["auto", "memory", "storage"] = "auto",
-                       restore_rng: bool = True, strict: bool = True) -> Restored | None:
+                       restore_rng: bool = True, strict: bool = True,
+                       max_step: int | None = None) -> Restored | None:
         """Restore the newest intact checkpoint; None when there is none anywhere.
 
         Collective over the group. ``template``: a state of the same structure whose tensors
         (DTensors included) are filled in place; tensors it lacks are allocated. With
         ``strict``, a template tensor the checkpoint lacks is an error. Memory wins a tie with
         storage; a damaged storage checkpoint is skipped for the next older one.
+        ``max_step``: only checkpoints at or before it (a rollback to an earlier step).
         """
         start = time.perf_counter()
         self._drain(raise_errors=False, timeout_s=self.config.drain_timeout_s)
@@ -267,7 +272,10 @@ class Checkpointer:
         skipped: list[str] = []
         candidates = ([] if source == "memory"
                       else restore.storage_candidates(self.root, self.group))
-        plan = None if source == "storage" else restore.memory_plan(self.memory, self.group)
+        if max_step is not None:
+            candidates = [(s, n) for s, n in candidates if s <= max_step]
+        plan = None if source == "storage" else restore.memory_plan(self.memory, self.group,
+                                                                     max_step=max_step)
         mem_step = plan.step if plan is not None else -1
         for step, name in candidates:
             if step <= mem_step:

@@ -145,8 +145,12 @@ def load_storage(root: Path, body: dict, template: dict[str, torch.Tensor], grou
 
 
 # -- memory ----------------------------------------------------------------------------------
-def memory_plan(tier: MemoryTier, group: Group) -> RecoveryPlan | None:
-    return plan_recovery(group.all_gather(tier.inventory()), group.world_size)
+def memory_plan(tier: MemoryTier, group: Group, *, max_step: int | None = None,
+                ) -> RecoveryPlan | None:
+    inventory = tier.inventory()
+    if max_step is not None:  # a rollback: only snapshots at or before the target step
+        inventory = {k: [e for e in v if e[0] <= max_step] for k, v in inventory.items()}
+    return plan_recovery(group.all_gather(inventory), group.world_size)
 
 
 def fits(snap: HostSnapshot, template: dict[str, torch.Tensor], *, strict: bool) -> bool:

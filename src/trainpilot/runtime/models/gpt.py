@@ -10,7 +10,10 @@ parallel APIs apply without rewriting it (torchtitan's convention):
 * attention infers its local head count from the projection width (``view(b, s, -1, d)``), so a
   column-parallel ``wq`` simply yields fewer heads per rank;
 * the embedding, final norm and output head may be ``None`` (middle pipeline stages), in which
-  case the forward takes and returns hidden states.
+  case the forward takes and returns hidden states;
+* with context parallelism (``GPT.context_parallel``, set by the runtime) the forward takes this
+  rank's share of the sequence (:mod:`.context`): RoPE and learned positions use the tokens'
+  global positions and attention all-gathers K and V over the cp group.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainpilot.runtime.models.context import ContextParallel
 from trainpilot.specs import ModelSpec
 
 # ModelSpec has no RoPE base; 10,000 is the GPT-NeoX/Llama 2 value (Llama 3 uses 500,000, which
@@ -65,6 +69,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(h, spec.kv_heads * d, bias=spec.bias)
         self.wo = nn.Linear(spec.num_attention_heads * d, h, bias=spec.bias)
         self.recompute_core = False  # selective recompute: re-run only QK^T/AV in backward
+        self.context_parallel: ContextParallel | None = None  # set by the runtime (cp > 1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -81,6 +86,8 @@ class Attention(nn.Module):
         return self.wo(out.reshape(b, s, -1))
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.context_parallel is not None:
+            return self.context_parallel.attention(q, k, v, rep=self.rep)
         if self.rep > 1:
             k = k.repeat_interleave(self.rep, dim=2)
             v = v.repeat_interleave(self.rep, dim=2)
@@ -148,6 +155,7 @@ class GPT(nn.Module):
         self.output: nn.Linear | None = (
             None if spec.tie_word_embeddings else nn.Linear(h, spec.vocab_size, bias=False))
         self.is_last_stage = True
+        self.context_parallel: ContextParallel | None = None  # see set_context_parallel
         cos, sin = rope_tables(max_seq_len, int(spec.head_dim))
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -166,14 +174,27 @@ class GPT(nn.Module):
             block.recompute_full = mode == "full"
             block.attention.recompute_core = mode == "selective"
 
+    def set_context_parallel(self, cp: ContextParallel | None) -> None:
+        """Take this rank's share of each sequence (:func:`.context.shard_sequence`) from now
+        on: global positions, and attention over the whole sequence through the cp group."""
+        self.context_parallel = cp
+        for block in self.layers.values():
+            block.attention.context_parallel = cp
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = x.shape[1]
+        cos, sin, positions = self.rope_cos, self.rope_sin, None
+        if self.context_parallel is not None:
+            positions = self.context_parallel.positions(seq, device=x.device)
+            cos, sin = cos[positions], sin[positions]
         if self.tok_embeddings is not None:
-            seq = x.shape[1]
             x = self.tok_embeddings(x)
             if self.pos_embeddings is not None:
-                x = x + self.pos_embeddings(torch.arange(seq, device=x.device))
+                if positions is None:
+                    positions = torch.arange(seq, device=x.device)
+                x = x + self.pos_embeddings(positions)
         for block in self.layers.values():
-            x = block(x, self.rope_cos, self.rope_sin)
+            x = block(x, cos, sin)
         if not self.is_last_stage:
             return x
         x = self.norm(x)

@@ -1,0 +1,148 @@
+"""The checkpoint and recovery steps of the Trainer's loop (``Trainer.fit`` calls these).
+
+* :func:`resume` — at the start: restore the newest checkpoint if there is one anywhere (a
+  process restarted by torchrun, or a replacement process, picks up where the run was).
+* :func:`save_if_due` — after a step: snapshot every ``checkpoint_every`` steps to host memory
+  (and a peer's), every ``storage_every``-th of them also to storage, in the background.
+* :func:`recover_or_raise` — on an error: recover in process through the elastic session when
+  the error means "a peer or the group failed", else re-raise (torchrun then restarts).
+* :func:`restore` — the restore itself: the template is the live state (so sharded tensors
+  are filled in place and resharded by DCP), the per-rank comm state follows.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from trainpilot.runtime.checkpoint.layout import committed
+
+if TYPE_CHECKING:
+    from trainpilot.runtime.trainer import Trainer
+
+
+def _anything_to_restore(trainer: Trainer) -> bool:
+    """Whether any rank holds a snapshot in memory or storage has a committed checkpoint.
+    Decided collectively (every rank gets the same answer). Asked first because building a
+    restore template initialises a fresh optimizer's state, which a fresh run must not do."""
+    ckpt = trainer.checkpointer
+    local = bool(committed(ckpt.root)) or bool(ckpt.memory.own) or bool(ckpt.memory.held)
+    return not ckpt.group.all_true(not local)
+
+
+def resume(trainer: Trainer) -> Any:
+    """Restore the newest checkpoint at the start of ``fit`` (None on a fresh run: nothing is
+    touched). A replacement process runs the same collectives here as its peers in
+    :meth:`ElasticSession.recover`."""
+    if trainer.checkpointer is None:
+        return None
+    restored = restore(trainer, reset=False)
+    elastic = trainer.elastic
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    replacement = elastic is not None and elastic.is_replacement
+    reason = "replacement" if replacement else "torchrun" if restarts > 0 else "resume"
+    if restored is None:
+        if reason != "resume":  # restarted before any checkpoint was committed: from scratch
+            trainer.emit("restart", dict(reason=reason, restored_step=0, source="initial",
+                                         restore_s=0.0, world_size=trainer.layout.world_size,
+                                         attempt=restarts, skipped=[]))
+        return None
+    trainer.emit("restart", dict(reason=reason, restored_step=restored.step,
+                                 source=restored.source, restore_s=restored.restore_s,
+                                 saved_world_size=restored.saved_world_size,
+                                 world_size=trainer.layout.world_size, attempt=restarts,
+                                 skipped=restored.skipped))
+    return restored
+
+
+def save_if_due(trainer: Trainer) -> Any:
+    """Save at every ``checkpoint_every``-th step (default: the plan's interval)."""
+    ckpt = trainer.checkpointer
+    if ckpt is None:
+        return None
+    every = trainer.config.checkpoint_every or trainer.plan.checkpoint.interval_steps
+    if trainer.step % every:
+        return None
+    to_storage = trainer.num_saves % trainer.config.storage_every == 0
+    report_failed_save(trainer)
+    previous = _written(getattr(trainer, "_last_save", None))
+    trainer._phase("collective")  # the save waits for the previous one's collectives
+    handle = ckpt.save(trainer.step, trainer.state_dict(rng=False),
+                       rank_state=trainer.rank_state(), to_storage=to_storage)
+    trainer._phase("compute")
+    trainer.num_saves += 1
+    trainer._last_save = handle
+    trainer.emit("checkpoint", dict(step=trainer.step, stall_s=handle.stall_s,
+                                    wait_s=handle.wait_s, to_storage=to_storage,
+                                    in_memory_peer=ckpt.config.in_memory_peer,
+                                    previous=previous))
+    report_failed_save(trainer)  # a synchronous save has already finished
+    return handle
+
+
+def _written(handle: Any) -> dict[str, Any] | None:
+    """How long the previous save took to become durable in the background (peer copy,
+    storage write) and what it wrote; None if it is still running or failed."""
+    if handle is None or not handle.done() or handle.future.exception() is not None:
+        return None
+    rep = handle.future.result()
+    return dict(step=rep.step, exchange_s=rep.exchange_s, write_s=rep.write_s,
+                bytes_written=rep.bytes_written, bytes_raw=rep.bytes_raw)
+
+
+def report_failed_save(trainer: Trainer, *, wait: bool = False) -> None:
+    """Emit ``checkpoint_failed`` once for the last save if it failed (training goes on: the
+    next save may succeed, and restores use the newest intact checkpoint). ``wait``: let it
+    finish first (the end of training)."""
+    handle = getattr(trainer, "_last_save", None)
+    if handle is None or getattr(handle, "_reported", False):
+        return
+    if wait:
+        trainer.checkpointer.wait() if trainer.checkpointer.config.on_write_error == "raise" \
+            else handle.future.exception()
+    if not handle.done():
+        return
+    handle._reported = True
+    err = handle.future.exception()
+    if err is not None:
+        trainer.emit("checkpoint_failed", dict(step=handle.step, error=str(err)[:300],
+                                               errno=getattr(err, "errno", None)))
+
+
+def restore(trainer: Trainer, *, max_step: int | None = None, source: str = "auto",
+            reset: bool = True) -> Any:
+    """Restore the newest checkpoint at or before ``max_step``; None when nothing was saved
+    yet (then, with ``reset``, the initial state is rebuilt). Collective."""
+    ckpt = trainer.checkpointer
+    if ckpt is None or not _anything_to_restore(trainer):
+        if reset:
+            trainer.reset()
+        return None
+    restored = ckpt.restore_latest(trainer.state_dict(rng=False), source=source,
+                                   max_step=max_step)
+    if restored is None:
+        if reset:
+            trainer.reset()
+        return None
+    trainer.load_state_dict(restored.state)
+    trainer.load_rank_state(restored.rank_state)
+    return restored
+
+
+def recover_or_raise(trainer: Trainer, err: BaseException) -> None:
+    """Recover from ``err`` in process, or re-raise it. A failure during the recovery itself
+    (another rank died meanwhile) starts the next one (the session bounds how many)."""
+    from trainpilot.runtime.elastic.retry import is_recoverable
+    from trainpilot.runtime.elastic.session import JoinTimeout
+
+    while True:
+        if (trainer.elastic is None or not trainer.elastic.can_recover()
+                or not is_recoverable(err) or isinstance(err, JoinTimeout)):
+            raise err
+        try:
+            info = trainer.elastic.recover(trainer, err)
+        except Exception as again:  # noqa: BLE001 - judged by the loop
+            err = again
+            continue
+        trainer.emit("restart", info)
+        return
