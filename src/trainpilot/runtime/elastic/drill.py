@@ -294,7 +294,7 @@ def read_outcome(run_dir: str | Path) -> Outcome:
     """Collect what the drill's processes left. For each step, only its last run counts (the
     newest (attempt, generation) that ran it; within it, the last read): the committed one."""
     run_dir = Path(run_dir)
-    finals = [torch.load(p, weights_only=False) for p in sorted(run_dir.glob("final_r*.pt"))]
+    finals = [torch.load(p, weights_only=True) for p in sorted(run_dir.glob("final_r*.pt"))]
     entries = [json.loads(line) for p in sorted(run_dir.glob("log_r*.jsonl"))
                for line in p.read_text().splitlines() if line.strip()]
     newest: dict[int, tuple[int, int]] = {}
