@@ -19,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_ranks(scenario: str, world_size: int, tmp_path: Path, *, timeout_s: float = 90,
-              args: dict | None = None) -> list[dict]:
-    """Run ``scenario`` on ``world_size`` ranks; return each rank's result dict (rank order).
+              args: dict | None = None, module: str = "tests.comm._worker") -> list[dict]:
+    """Run ``scenario`` of ``module`` (a worker with this command line) on ``world_size`` ranks;
+    return each rank's result dict (rank order).
 
     Fails the calling test with every rank's stderr when a rank exits non-zero or times out.
     """
@@ -31,7 +32,7 @@ def run_ranks(scenario: str, world_size: int, tmp_path: Path, *, timeout_s: floa
     procs, logs = [], []
     for rank in range(world_size):
         log = open(tmp_path / f"{scenario}.rank{rank}.log", "w+")
-        cmd = [sys.executable, "-m", "tests.comm._worker", scenario, str(rank), str(world_size),
+        cmd = [sys.executable, "-m", module, scenario, str(rank), str(world_size),
                str(store.port), str(tmp_path), json.dumps(args or {})]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))

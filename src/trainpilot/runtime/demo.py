@@ -52,10 +52,14 @@ def demo_train(console: Console, run_dir: str | Path, *, steps: int = DEMO_STEPS
                             info=f"restarted: step {record['restored_step']} restored from "
                                  f"{record.get('source')}")
 
+    # The workers' stderr goes to files: the crash makes the survivor print the gloo error it
+    # recovers from, which belongs in a log, not in the demo's output.
+    log_dir = Path(run_dir) / "worker-logs"
     with progress:
         summary = launch(model=job.model, plan=job.plan, config=config, run_dir=run_dir,
                          options=dict(nproc_per_node=str(job.plan.dp),
-                                      max_restarts=1 if crash_step else 0),
+                                      max_restarts=1 if crash_step else 0,
+                                      redirects="2", log_dir=str(log_dir)),
                          on_record=on_record, elastic=dict(recovery="restart"),
                          inject=f"crash:rank=1,step={crash_step}" if crash_step else None)
     table = Table(show_header=False, title=f"run {run_dir}", title_justify="left")
@@ -64,6 +68,8 @@ def demo_train(console: Console, run_dir: str | Path, *, steps: int = DEMO_STEPS
     for label, value in summary_rows(summary) + recovery_rows(summary):
         table.add_row(label, value)
     console.print(table)
+    console.print(f"Workers' stderr (the survivor's error from the crash included): {log_dir}/",
+                  style="dim")
     summary["run_dir"] = str(run_dir)
     return summary
 

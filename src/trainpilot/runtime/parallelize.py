@@ -200,9 +200,13 @@ def _data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
                    bucket_cap_mb=plan.comm.bucket_mb), "ddp"
     from torch.distributed.fsdp import fully_shard
 
+    from trainpilot.runtime.comm.fsdp import fsdp_mp_policy
+
     mesh = layout.mesh["dp_replicate", "dp_shard"] if plan.dp_shard else layout.submesh(axis)
+    # comm.compression fp16/bf16 -> reduce_dtype; hierarchical reduce-scatter and counters are
+    # installed by the trainer (trainpilot.runtime.comm.FSDPComm), which knows the cluster.
     kwargs = dict(mesh=mesh, reshard_after_forward=plan.zero == 3,
-                  ignored_params=set(ignored) or None)
+                  ignored_params=set(ignored) or None, mp_policy=fsdp_mp_policy(plan.comm))
     for block in model.layers.values() if hasattr(model, "layers") else []:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

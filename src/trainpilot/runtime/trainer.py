@@ -2,8 +2,9 @@
 
 It composes pieces a user can also call from their own loop: ``build_layout`` (mesh),
 ``parallelize`` (the model under the plan), ``build_optimizer`` / ``build_lr_scheduler``,
-``clip_grad_norm_``, ``ResumableSampler`` and a dataset; optionally the DDP communication hook
-of ``plan.comm``, a :class:`~trainpilot.runtime.checkpoint.Checkpointer` (saves every
+``clip_grad_norm_``, ``ResumableSampler`` and a dataset; optionally the communication of
+``plan.comm`` (DDP hook, or FSDP2 reduce-scatter and counters), a
+:class:`~trainpilot.runtime.checkpoint.Checkpointer` (saves every
 ``checkpoint_every`` steps, restores on start), a
 :class:`~trainpilot.runtime.faults.FaultInjector`, a
 :class:`~trainpilot.health.HealthMonitor` (its directives are honoured) and an
@@ -93,7 +94,7 @@ class Trainer:
     single process). ``dataset`` defaults to ``config.data``. ``cluster`` places ranks for a
     hierarchical comm hook; ``predicted_step_time_s`` is recorded in every step's record.
     ``checkpointer``, ``faults``, ``monitor`` and ``elastic`` are optional (module doc);
-    ``comm_hook=False`` leaves DDP's built-in all-reduce in place.
+    ``comm_hook=False`` leaves DDP's built-in all-reduce (FSDP2's reduce-scatter) in place.
     """
 
     def __init__(self, *, plan: Plan, config: TrainConfig = TrainConfig(),
@@ -176,6 +177,14 @@ class Trainer:
                                             process_group=layout.group(layout.grad_axis),
                                             seed=config.seed)
             self.comm_hook.register(self.model.chunks[0])
+        elif self.use_comm_hook and self.model.data_parallel == "fsdp" and plan.zero >= 1:
+            from trainpilot.runtime.comm import make_fsdp_comm
+
+            # The same surface as the DDP hook (counters, end_step, close, state_dict).
+            group = layout.group("dp_shard") if plan.dp_shard else layout.group(layout.grad_axis)
+            self.comm_hook = make_fsdp_comm(plan.comm, self.cluster, process_group=group)
+            for chunk in self.model.chunks:
+                self.comm_hook.register(chunk)
         if self.monitor is not None:
             self.monitor.scheduler = self.schedulers[0]  # halve_lr scales its base LRs too
         self._hooks: list[Any] | None = None  # set by _prepare_update

@@ -152,8 +152,13 @@ class RunStore:
         store = cls(conn, path, writable=True, run_id=run_id,
                     flush_every_steps=flush_every_steps, flush_interval_s=flush_interval_s)
         store.resumed = existing is not None
+        # A reopened store is a restarted job: this event says when its process came back; the
+        # trainer's own ``restart`` event (with ``restored_step``) says what it restored.
         store.log_event("restart" if existing else "run_start", None,
-                        {"pid": os.getpid(), "world_size": world_size})
+                        {"pid": os.getpid(), "world_size": world_size},
+                        name="store_reopened" if existing else "run_start",
+                        message=(f"run store reopened by pid {os.getpid()}" if existing
+                                 else ""))
         return store
 
     @classmethod

@@ -65,7 +65,7 @@ def _recovery(store: RunStore) -> tuple[int, float, int]:
             last_ckpt = e.step
         elif e.kind == "fault":
             last_fault = e
-        elif e.kind == "restart":
+        elif e.kind == "restart" and e.name != "store_reopened":
             restored = e.payload.get("restored_step", e.payload.get("resumed_step"))
             at = e.payload.get("step", e.step)
             if last_fault is not None:

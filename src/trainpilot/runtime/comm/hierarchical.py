@@ -112,17 +112,24 @@ class StagedAllReduce:
         ``segments`` (default: one) are the parameter lengths making up ``flat``.
         """
         layout = self.layout(segments or (flat.numel(),))
-        x = layout.permute(flat)
-        piece, remaining = 0, layout.num_pieces
-        for sub in self.scatter:
-            x, index = self._reduce_scatter(x, sub)
-            remaining //= sub.size
-            piece += index * remaining
+        x, piece = self.reduce_scatter(layout.permute(flat))
         if self.top is not None:
             x = (top_stage or self._all_reduce)(x, self.top, piece, layout)
         for sub in reversed(self.scatter):
             x = self._all_gather(x, sub)
         return layout.unpermute(x)
+
+    def reduce_scatter(self, rows: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Sum ``rows`` (``num_pieces`` equal rows, flattened) over the scattered levels, keeping
+        one row: returns (this rank's summed row, its index). Level by level, innermost first,
+        each rank keeps the block of rows at its index in that level's subgroup, so row ``i``
+        ends on the rank whose (innermost-first) level indices spell ``i`` outermost-first."""
+        piece, remaining = 0, self.num_pieces
+        for sub in self.scatter:
+            rows, index = self._reduce_scatter(rows, sub)
+            remaining //= sub.size
+            piece += index * remaining
+        return rows, piece
 
     def _record(self, op: str, tensor: torch.Tensor, sub: Subgroup) -> None:
         if self.counters is not None:
