@@ -5,15 +5,10 @@ placed on a 2 nodes x 2 CPU cluster; each scenario returns plain numbers, the te
 
 from __future__ import annotations
 
-import datetime
-import json
-import sys
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 
-from tests.comm._worker import cpu_cluster, rank_tensor
+from tests.comm._worker import cpu_cluster, main, rank_tensor
 from trainpilot.runtime.comm import FSDPComm
 from trainpilot.runtime.comm.fsdp import fsdp_modules
 from trainpilot.runtime.comm.counters import process_bytes_written
@@ -141,19 +136,5 @@ def scenario_fsdp(rank: int, world: int, args: dict) -> dict:
 SCENARIOS = {"fsdp": scenario_fsdp}
 
 
-def main() -> None:
-    scenario, rank, world, port, outdir, args = sys.argv[1:7]
-    rank, world = int(rank), int(world)
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", int(port), is_master=False,
-                          timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
-    result = SCENARIOS[scenario](rank, world, json.loads(args))
-    (Path(outdir) / f"{scenario}.rank{rank}.json").write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    main()
+    main(SCENARIOS)

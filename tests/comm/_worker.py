@@ -355,7 +355,8 @@ def _jsonable(value):
     raise TypeError(type(value).__name__)
 
 
-def main() -> None:
+def main(scenarios: dict | None = None) -> None:
+    """Run ``scenarios[argv[1]]`` (default: this module's) on one rank; write its result."""
     scenario, rank, world, port, outdir, args = sys.argv[1:7]
     rank, world = int(rank), int(world)
     torch.set_num_threads(1)
@@ -363,7 +364,7 @@ def main() -> None:
                           timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
-    result = SCENARIOS[scenario](rank, world, json.loads(args))
+    result = (scenarios or SCENARIOS)[scenario](rank, world, json.loads(args))
     path = Path(outdir) / f"{scenario}.rank{rank}.json"
     path.write_text(json.dumps(result, default=_jsonable))
     dist.barrier()
