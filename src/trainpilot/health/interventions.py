@@ -117,23 +117,15 @@ def drop_gradients(params: Sequence[torch.nn.Parameter]) -> None:
 
 
 def clip_gradients(params: Sequence[torch.nn.Parameter], max_norm: float) -> tuple[float, float]:
-    """Clip the global L2 norm to ``max_norm`` (as ``clip_grad_norm_``, also over gradients
+    """Clip the global L2 norm to ``max_norm`` (the runtime's clip, right also for gradients
     sharded as DTensors); returns (norm before, norm after)."""
-    from trainpilot.health.collector import squared_norms
+    from trainpilot.runtime.optim import clip_grad_norm_, global_grad_norm
 
-    grads = [p.grad.detach() for p in params if p.grad is not None]
-    if not grads:
+    params = list(params)
+    if not any(p.grad is not None for p in params):
         return 0.0, 0.0
-    before = math.sqrt(math.fsum(squared_norms(grads)))
-    coef = max_norm / (before + 1e-6)
-    if coef < 1.0:
-        from torch.distributed.tensor import DTensor
-
-        with torch.no_grad():  # on each rank's shards (to_local is a view without autograd)
-            torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in grads],
-                                coef)
-    after = math.sqrt(math.fsum(squared_norms(grads)))
-    return before, after
+    before = float(clip_grad_norm_(params, max_norm))
+    return before, float(global_grad_norm(params))
 
 
 def scale_lr(optimizer: torch.optim.Optimizer, factor: float, min_lr: float,

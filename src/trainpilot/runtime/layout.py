@@ -85,12 +85,10 @@ def check_runtime(model: ModelSpec | None, plan: Plan, *, backend: str,
     if model is not None:
         _check_model_rules(model, plan)
     _check_pipeline(plan)
-    if plan.zero >= 1 and plan.comm.compression not in ("none", "fp16", "bf16"):
-        # FSDP2 reduce-scatters into the shard a sharded optimizer steps on: a sparse or
-        # low-rank exchange does not compose with it (runtime/comm/fsdp.py).
-        raise SpecError("plan.comm.compression", plan.comm.compression,
-                        "topk and powersgd need zero=0 (DDP); FSDP2 (zero>=1) supports none, "
-                        "fp16, bf16")
+    if plan.zero >= 1:
+        from trainpilot.runtime.comm.fsdp import check_fsdp_comm
+
+        check_fsdp_comm(plan.comm)  # top-k and PowerSGD do not compose with FSDP2
     if plan.ep > 1 and plan.dp_shard is not None:
         raise SpecError("plan.dp_shard", plan.dp_shard, "hybrid sharding with expert "
                         "parallelism is not supported; valid: unset dp_shard when ep > 1")
