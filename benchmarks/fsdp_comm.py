@@ -29,11 +29,8 @@ import argparse
 import datetime
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -112,27 +109,16 @@ def worker(args: argparse.Namespace) -> None:
 
 def launch(args: argparse.Namespace, workdir: Path) -> list[dict]:
     """Start 4 ranks of this script (own sessions, killed by process id on a timeout)."""
-    import torch.distributed as dist
+    from trainpilot.runtime.local_ranks import run_local_ranks
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, "--steps", str(args.steps), "--zero",
-                               str(args.zero), "--worker", str(r), str(store.port),
-                               str(workdir / f"rank{r}.json")], env=env, start_new_session=True)
-             for r in range(4)]
-    deadline = time.monotonic() + 60 + 10 * args.steps
-    try:
-        for proc in procs:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    if any(p.returncode for p in procs):
-        raise SystemExit(f"a rank failed: exit codes {[p.returncode for p in procs]}")
+    def command(rank: int, port: int) -> list[str]:
+        return [sys.executable, __file__, "--steps", str(args.steps), "--zero", str(args.zero),
+                "--worker", str(rank), str(port), str(workdir / f"rank{rank}.json")]
+
+    result = run_local_ranks(command, 4, timeout_s=60 + 10 * args.steps)
+    if not result.ok:
+        raise SystemExit(f"a rank failed: exit codes {result.returncodes}"
+                         + (f", timed out: ranks {result.timed_out}" if result.timed_out else ""))
     return [json.loads((workdir / f"rank{r}.json").read_text()) for r in range(4)]
 
 
@@ -155,7 +141,8 @@ def table(results: list[dict], args: argparse.Namespace) -> str:
         rs_ms = statistics.median(s["comm_s"] for s in per_rank[0]) * 1e3
         t.add_row(method, results[0][method]["kind"], f"{measured:.3f}", f"{model:.3f}",
                   f"{base[0] / measured:.2f}x", f"{off:.3f}", f"{base[1] / off:.2f}x",
-                  f"{step_ms:.0f}", f"{rs_ms:.1f}", f"{results[0][method]['steps'][-1]['loss']:.4f}")
+                  f"{step_ms:.0f}", f"{rs_ms:.1f}",
+                  f"{results[0][method]['steps'][-1]['loss']:.4f}")
     console = Console(width=200, record=True)
     console.print(t)
     console.print(

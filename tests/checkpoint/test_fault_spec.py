@@ -58,17 +58,30 @@ def test_journal_survives_restarts_so_a_fault_fires_once(tmp_path):
 
 
 def test_nan_and_slow_hooks_fire_and_are_journaled():
-    faults = FaultInjector("nan:rank=0,step=2;slow:rank=0,step=1,factor=2,steps=2")
+    faults = FaultInjector("nan:rank=0,step=2,at=grad;slow:rank=0,step=1,factor=2,steps=2;"
+                           "nan:rank=0,step=3")
     model = torch.nn.Linear(3, 2)
     model(torch.ones(1, 3)).sum().backward()
     assert not faults.poison_gradients(model.parameters(), 1, rank=0)
+    assert not faults.poison_backward([model], 2, rank=0)  # the step-2 fault is at=grad
     assert faults.poison_gradients(model.parameters(), 2, rank=0)
     assert math.isnan(model.weight.grad.view(-1)[0].item())
+    # at=backward (the default): armed before the forward, the NaN enters in backward and
+    # reaches every gradient of the module; a second forward is left alone.
+    handles = faults.poison_backward([model], 3, rank=0)
+    model.zero_grad()
+    model(torch.ones(1, 3)).sum().backward()
+    assert all(torch.isnan(p.grad).any() for p in model.parameters())
+    model.zero_grad()
+    model(torch.ones(1, 3)).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    for handle in handles:
+        handle.remove()
     for step in (1, 2, 3):
         faults.on_step(step, rank=0, step_time_s=0.01)
     assert [r["step"] for r in faults.fired("slow")] == [1, 2]
     assert [r["sleep_s"] for r in faults.fired("slow")] == [0.01, 0.01]
-    assert [r["step"] for r in faults.fired("nan")] == [2]
+    assert [(r["step"], r["point"]) for r in faults.fired("nan")] == [(2, "grad"), (3, "backward")]
 
 
 def _hang_child(journal: str) -> None:

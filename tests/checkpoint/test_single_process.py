@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import threading
 
 import pytest
 import torch
@@ -90,6 +91,40 @@ def test_snapshot_isolation_mutation_after_save_does_not_leak(tmp_path):
         for source, reader in (("memory", ckpt), ("storage", make(tmp_path))):
             restored = reader.restore_latest(Tiny(9).state_dict(), source=source)
             assert diff_states(restored.state, expected) == [], source
+
+
+def _mutate(run) -> None:
+    with torch.no_grad():
+        for p in run.model.parameters():
+            p.add_(1.0)
+
+
+@pytest.mark.parametrize("fenced", [True, False])
+def test_overlapped_copy_is_isolated_once_fenced(tmp_path, fenced):
+    """save(overlap=True) returns before the copy; fence() waits for it. The writer is gated
+    so the copy is certainly still pending when the caller goes on. Negative control: changing
+    the state before the fence leaks into the checkpoint (the copy really was deferred)."""
+    run = trained(2)
+    expected = copy.deepcopy(run.state_dict())
+    gate = threading.Event()
+    with make(tmp_path) as ckpt:
+        ckpt._executor.submit(gate.wait)  # the writer thread is busy until the gate opens
+        handle = ckpt.save(2, run.state_dict(), overlap=True)
+        assert handle.report.overlapped and not handle.staged.done()
+        if fenced:
+            threading.Timer(0.3, gate.set).start()
+            waited = ckpt.fence()
+            assert waited >= 0.2 and handle.report.fence_s == waited  # it really waited
+            assert handle.stall_s >= waited and ckpt.fence() == 0.0  # counted once
+            _mutate(run)
+        else:
+            _mutate(run)  # breaks the contract: changes the state before the fence
+            gate.set()
+        handle.result()
+        assert diff_states(run.state_dict(), expected) != []  # the mutation really happened
+        restored = ckpt.restore_latest(Tiny(9).state_dict(), source="memory")
+        leaked = diff_states(restored.state, expected)
+        assert (leaked == []) if fenced else any(d.startswith("state.model.") for d in leaked)
 
 
 def test_incremental_references_unchanged_tensors(tmp_path):

@@ -45,6 +45,9 @@ IN_PROCESS = {
     # Rank 0: events of other ranks do not reach the store (their faults do, via the journal).
     "failed_collective": ("collective:rank=0,step=5", dict(replaced=[], event="collective_retry")),
     "nan_gradient": ("nan:rank=0,step=6", dict(replaced=[], event="nonfinite_recompute")),
+    # After the reduction, on rank 1 only: the ranks disagree, both see it in the step's stats
+    # all-reduce and recover from the newest checkpoint instead of drifting apart.
+    "nan_after_reduction": ("nan:rank=1,step=6,at=grad", dict(replaced=[], event="restart")),
 }
 
 

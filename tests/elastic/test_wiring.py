@@ -83,6 +83,8 @@ def test_store_checkpoints_and_rollback_directive(tmp_path):
     target = rollbacks[0]["after"]["restored_step"]
     assert target % 5 == 0 and target < BAD_STEPS[0]  # a checkpoint before the window
     assert "data_skipped" in kinds and kinds.count("checkpoint") >= 12
+    # Every copy overlapped the next step (the model has no buffers).
+    assert all(e.payload["overlapped"] for e in events if e.kind == "checkpoint")
     # After the rollback the window was skipped: the sampler is ahead by exactly its batches.
     assert trainer.sampler.state_dict()["position"] == (60 + len(BAD_STEPS)) * 16
     steps, losses = reader.series("loss")

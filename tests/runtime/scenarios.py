@@ -132,7 +132,7 @@ def _fp16_run(plan: str) -> dict[str, Any]:
     NaN gradient injected on rank 1 at step 2; full parameters, scale and skip flag per step."""
     from trainpilot.runtime.faults import FaultInjector
 
-    faults = FaultInjector("nan:rank=1,step=2")
+    faults = FaultInjector("nan:rank=1,step=2,at=grad")  # after the reduction, rank 1 only
     trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan(plan), faults=faults,
                       config=TrainConfig(**dict(CONFIG, autocast="off")))
     out: dict[str, list] = dict(params=[], scales=[], skipped=[], losses=[])
@@ -163,6 +163,27 @@ def fp16_skip() -> dict[str, Any]:
         out["tp"] = _fp16_run("tp=2,precision=fp16," + BASE)
         with mock.patch("trainpilot.runtime.trainer.build_grad_scaler", local_scaler):
             out["pp_local_scaler"] = _fp16_run("pp=2,precision=fp16," + BASE)
+    out["dp_backward"] = _nan_run("nan:rank=1,step=2")
+    out["dp_grad"] = _nan_run("nan:rank=1,step=2,at=grad")
+    return out
+
+
+def _nan_run(spec: str) -> dict[str, Any]:
+    """fp32 DDP on 2 ranks, 3 steps with a NaN injected on rank 1 at step 2: the attempts per
+    step, or the error that stopped the run."""
+    from trainpilot.runtime.faults import FaultInjector
+    from trainpilot.runtime.elastic.retry import NonfiniteDisagreement
+
+    faults = FaultInjector(spec)
+    trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan("dp=2,zero=0," + BASE),
+                      faults=faults, config=TrainConfig(**dict(CONFIG, autocast="off")))
+    out: dict[str, Any] = dict(attempts=[], error=None)
+    try:
+        for _ in range(3):
+            out["attempts"].append(trainer.train_step().attempts)
+    except NonfiniteDisagreement as err:
+        out["error"] = str(err)
+    out["fired"] = [(r["rank"], r["point"]) for r in faults.fired("nan")]
     return out
 
 

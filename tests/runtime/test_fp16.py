@@ -133,3 +133,12 @@ def test_every_rank_skips_the_same_step(tmp_path):
     assert [run["skipped"][1] for run in local] == [False, True]
     first, second, _ = local[0]["params"]
     assert not all(torch.equal(first[k], second[k]) for k in first)
+    # Without a scaler: a NaN computed on rank 1 reaches every replica through the gradient
+    # all-reduce, so both ranks compute step 2 again, each deciding alone ...
+    assert [rank["dp_backward"]["attempts"] for rank in res] == [[1, 2, 1]] * 2
+    assert [rank["dp_backward"]["fired"] for rank in res] == [[], [(1, "backward")]]
+    # ... while one changed after the reduction (rank 1 only) makes them disagree: both stop
+    # with the error instead of one rank stepping and the other recomputing.
+    assert [rank["dp_grad"]["fired"] for rank in res] == [[], [(1, "grad")]]
+    for rank in res:
+        assert rank["dp_grad"]["attempts"] == [1] and "1 of 2 ranks" in rank["dp_grad"]["error"]

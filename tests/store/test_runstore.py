@@ -56,7 +56,7 @@ def test_batches_become_visible_to_a_reader_only_when_flushed(tmp_path):
     w.close(status="completed")
 
 
-def test_reopening_marks_a_restart_and_keeps_rows(tmp_path):
+def test_reopening_marks_a_resume_and_keeps_rows(tmp_path):
     first = RunStore.create(tmp_path)
     first.log_metrics(1, {"loss": 2.0})
     first.close(status="failed")
@@ -66,7 +66,7 @@ def test_reopening_marks_a_restart_and_keeps_rows(tmp_path):
     again.close(status="completed")
     r = RunStore.open_readonly(tmp_path)
     assert r.series("loss") == ([1], [1.5])
-    assert [e.kind for e in r.events()] == ["run_start", "run_end", "restart", "run_end"]
+    assert [e.kind for e in r.events()] == ["run_start", "run_end", "run_resumed", "run_end"]
 
 
 def test_bad_arguments_are_spec_errors(tmp_path):

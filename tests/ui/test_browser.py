@@ -186,3 +186,35 @@ def test_report_renders_offline_in_chromium(trained_run, page, tmp_path):
     check_charts_equal_store(browser, trained_run)
     assert severe_console_entries(browser) == []
     browser.save_screenshot(str(tmp_path / "report.png"))
+
+
+def test_dashboard_rereads_rewritten_steps_after_a_resume(known_run, page):
+    """A re-run process reopens the store (``run_resumed``) and rewrites steps behind the
+    page's cursor: the page reads everything again."""
+    browser = page
+    proc, url = helpers.start_dashboard(known_run)
+    try:
+        browser.get(url + "run?key=.&poll_ms=300")
+        helpers.wait_for(lambda: updates(browser) >= 1, timeout_s=90, what="the first update")
+        x, y = _xy(browser, "loss-chart", "loss")
+        old_step1 = y[x.index(1)]
+        # Negative control: a step rewritten behind the cursor with no event stays stale.
+        writer = RunStore.append(known_run)
+        writer.log_metrics(1, {"loss": 9.25})
+        writer.close()
+        seen = updates(browser)
+        helpers.wait_for(lambda: updates(browser) >= seen + 4, timeout_s=30, what="4 polls")
+        x, y = _xy(browser, "loss-chart", "loss")
+        assert y[x.index(1)] == old_step1 != 9.25
+        # A re-run process reopens the store (run_resumed, no trainer restart) and logs step 2.
+        writer = RunStore.create(known_run, world_size=2)
+        writer.log_metrics(2, {"loss": 7.5})
+        writer.flush()
+
+        def reread():
+            x, y = _xy(browser, "loss-chart", "loss")
+            return y[x.index(1)] == 9.25 and y[x.index(2)] == 7.5
+        helpers.wait_for(reread, timeout_s=30, what="the rewritten steps")
+        writer.close(status="completed")
+    finally:
+        helpers.kill_tree(proc)

@@ -41,6 +41,9 @@ class StepRecord:
     attempts: int = 1  # 2 when a non-finite gradient made the step be computed again
     collective_retries: int = 0  # transient collective failures retried in this step
     skipped_update: bool = False  # the health monitor skipped this batch's update
+    # Waiting, before the update, for the previous checkpoint's overlapped copy to host
+    # memory: that checkpoint's stall, not part of step_time_s.
+    checkpoint_wait_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -171,6 +174,8 @@ class RunRecorder(Callback):
         m: dict[str, float] = {"samples_seen": record.samples_seen, "epoch": record.epoch,
                                "attempts": record.attempts,
                                "collective_retries": record.collective_retries}
+        if record.checkpoint_wait_s:
+            m["checkpoint_wait_s"] = record.checkpoint_wait_s
         for key in ("comm_bytes", "comm_payload_bytes", "aux_loss"):
             value = getattr(record, key)
             if value is not None:

@@ -42,6 +42,11 @@ class TrainConfig(Spec):
     # written to storage.
     checkpoint_every: PositiveInt | None = None
     storage_every: PositiveInt = 1
+    # Copy a checkpoint's weights and optimizer state to host memory while the next step's
+    # forward and backward run (waiting, if unfinished, before its optimizer step); off: the
+    # copy is made before training goes on. Models with persistent buffers (which forward may
+    # change, e.g. BatchNorm statistics) are always copied before training goes on.
+    checkpoint_overlap: bool = True
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> TrainConfig:

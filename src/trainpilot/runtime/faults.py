@@ -28,7 +28,11 @@ enospc      step, [rank=0], [at=data|manifest]: the checkpoint write raises
             ``OSError(ENOSPC)``; at ``data`` half of a chunk is on disk when it does, as with a
             real full disk.
 collective  rank, step: the next collective of ``step`` raises :class:`InjectedCollectiveError`.
-nan         rank, step: one gradient element becomes NaN.
+nan         rank, step, [at=backward|grad]: a NaN in this rank's gradient. ``backward`` (a NaN
+            computed on this rank): one element of the gradient flowing into the model's output
+            becomes NaN in backward, so it spreads to every gradient and, through the
+            gradient reduction, to every replica. ``grad``: one element of this rank's gradient
+            becomes NaN after the reduction, on this rank only (silent corruption).
 =========== ======================================================================================
 """
 
@@ -63,7 +67,7 @@ KINDS: dict[str, dict[str, tuple[Any, Any]]] = {
     "missing": {"step": (int, _REQ), "rank": (int, 0), "file": (("data", "manifest"), "data")},
     "enospc": {"step": (int, _REQ), "rank": (int, 0), "at": (("data", "manifest"), "data")},
     "collective": {"rank": (int, _REQ), "step": (int, _REQ)},
-    "nan": {"rank": (int, _REQ), "step": (int, _REQ)},
+    "nan": {"rank": (int, _REQ), "step": (int, _REQ), "at": (("backward", "grad"), "backward")},
 }
 
 
@@ -252,11 +256,39 @@ class FaultInjector:
             raise InjectedCollectiveError(
                 f"injected collective failure on rank {rank} at step {step} ({fault.id})")
 
+    def poison_backward(self, modules: Iterable[Any], step: int, *, rank: int) -> list[Any]:
+        """Call before the forward of ``step``: when a ``nan`` fault (``at=backward``) is due,
+        the first forward of the first module makes one element of its output's gradient NaN
+        in the coming backward. Returns the hook handles (remove them after the step)."""
+        due = self._due(("nan",), step=step, rank=rank, at="backward")
+        modules = list(modules)
+        if not due or not modules:
+            return []
+        fault, handles = due[0], []
+
+        def on_forward(module: Any, args: Any, output: Any) -> None:
+            for handle in handles:  # once: the first micro-batch of the first attempt
+                handle.remove()
+            out = output[0] if isinstance(output, (tuple, list)) else output
+            if getattr(out, "requires_grad", False):
+                out.register_hook(poison)
+
+        def poison(grad: Any) -> Any:
+            grad = grad.clone()
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            local.view(-1)[0] = float("nan")
+            self._fire(fault, rank=rank, step=step, point="backward")
+            return grad
+
+        handles.append(modules[0].register_forward_hook(on_forward))
+        return handles
+
     def poison_gradients(self, parameters: Iterable[Any], step: int, *, rank: int) -> bool:
-        """Call after backward: set one gradient element to NaN when scheduled."""
+        """Call after the gradient reduction: when a ``nan`` fault (``at=grad``) is due, set
+        one element of this rank's gradient to NaN (this rank only)."""
         import torch
 
-        for fault in self._due(("nan",), step=step, rank=rank):
+        for fault in self._due(("nan",), step=step, rank=rank, at="grad"):
             for p in parameters:
                 grad = getattr(p, "grad", None)
                 if grad is not None and grad.numel():

@@ -43,6 +43,7 @@ class ParallelModel:
     schedule: Any = None
     stage_ids: list[int] = field(default_factory=list)
     expert_params: list[nn.Parameter] = field(default_factory=list)
+    _moe: list[nn.Module] | None = field(default=None, repr=False, compare=False)
 
     def parameters(self) -> list[nn.Parameter]:
         seen: dict[int, nn.Parameter] = {}
@@ -73,9 +74,13 @@ class ParallelModel:
         return not self.stage_ids or plan.pp * plan.vp - 1 in self.stage_ids
 
     def moe_layers(self) -> list[nn.Module]:
+        """The MoE layers of this rank's chunks (found once: the module tree does not change)."""
         from trainpilot.runtime.models.moe import MoE
 
-        return [m for module in self.modules for m in module.modules() if isinstance(m, MoE)]
+        if self._moe is None:
+            self._moe = [m for module in self.modules for m in module.modules()
+                         if isinstance(m, MoE)]
+        return self._moe
 
 
 def stage_plan(spec: ModelSpec, layout: Layout) -> list[tuple[int, list[int]]]:

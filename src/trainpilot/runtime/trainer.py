@@ -31,16 +31,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainpilot.runtime.callbacks import Callback, StepRecord
 from trainpilot.runtime.config import TrainConfig
 from trainpilot.runtime.data import MarkovCorpus, TokenDataset, TokenFileDataset
+from trainpilot.runtime.elastic.retry import retry_collective
 from trainpilot.runtime.layout import Layout, build_layout
 from trainpilot.runtime.optim import (
     build_grad_scaler, build_lr_scheduler, build_optimizer, clip_grad_norm_, global_grad_norm)
 from trainpilot.runtime.parallelize import (
     ParallelModel, parallelize, sync_expert_grads, token_cross_entropy, wrap_custom)
 from trainpilot.runtime.sampler import ResumableSampler
+from trainpilot.runtime.stepstats import StepStats
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
 
@@ -139,6 +142,7 @@ class Trainer:
         self.stop_reason: str | None = None
         self.num_saves = 0
         self._last_save = None  # the newest SaveHandle (elastic.steps)
+        self._fence_s = 0.0  # this step's wait for a checkpoint copy
         self._step_times: list[float] = []
 
     def _build(self, layout: Layout) -> None:
@@ -189,9 +193,16 @@ class Trainer:
             self.monitor.scheduler = self.schedulers[0]  # halve_lr scales its base LRs too
         self._hooks: list[Any] | None = None  # set by _prepare_update
         self._norm = torch.zeros(())
+        self._params = self.model.parameters()
+        # A checkpoint copy may overlap the next forward/backward only if they change no
+        # saved tensor: parameters and optimizer state change at the update, buffers may not.
+        self.overlap_checkpoint_copy = config.checkpoint_overlap and not any(
+            set(m.state_dict(keep_vars=True)) - {n for n, _ in m.named_parameters()}
+            for m in self.model.modules)
 
     def teardown(self) -> None:
         """Release the model, optimizers and hook threads (before the groups are rebuilt)."""
+        self._fence()
         if self.comm_hook is not None:
             self.comm_hook.close()
             self.comm_hook = None
@@ -294,7 +305,8 @@ class Trainer:
         after the health monitor saw the unclipped gradients."""
         self._unscale()
         sync_expert_grads(self.model)
-        self._norm = global_grad_norm(self.model.parameters(), **self._norm_groups())
+        self._params = self.model.parameters()  # the clip hook of this step reuses the list
+        self._norm = global_grad_norm(self._params, **self._norm_groups())
         return float(self._norm)
 
     def _clip_hook(self, optimizer, args, kwargs) -> None:
@@ -302,14 +314,14 @@ class Trainer:
         norm of this step (measured again if a monitor intervention changed the gradients)."""
         if self.config.grad_clip is None or optimizer is not self.optimizers[0]:
             return
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self._params if p.grad is not None]
         if not params:
             return  # the update is skipped (the monitor dropped the gradients)
         norm = self._norm
         if self.monitor is not None and self.monitor.config.interventions.clip.enabled:
-            norm = global_grad_norm(self.model.parameters(), **self._norm_groups())
+            norm = global_grad_norm(self._params, **self._norm_groups())
         for kind in (True, False):  # one foreach kernel cannot mix DTensor and plain tensors
-            subset = [p for p in params if hasattr(p.grad, "device_mesh") == kind]
+            subset = [p for p in params if isinstance(p.grad, DTensor) == kind]
             if subset:
                 torch.nn.utils.clip_grads_with_norm_(subset, self.config.grad_clip, norm)
 
@@ -328,6 +340,7 @@ class Trainer:
         """Clip, AdamW and the LR schedule: this commits the step. Returns False when the fp16
         loss scaler skipped the update (a non-finite gradient on some rank: every rank skips,
         the scale is halved and, as in Megatron, the LR schedule does not advance)."""
+        self._fence_s += self._fence()  # an overlapped checkpoint copy must finish first
         self._prepare_update()
         self._unscale()
         scale = self.scaler.get_scale()
@@ -348,43 +361,38 @@ class Trainer:
         self.apply_update()
         return norm
 
-    def _global_stats(self, loss: torch.Tensor, grad_norm: float, step: int,
-                      ) -> tuple[float, float | None, bool, int]:
-        """(global-batch mean loss, mean MoE aux loss, whether any rank saw a non-finite
-        gradient, collective retries): one 3-float all-reduce, so every rank takes the same
-        decision. A failure before the wire is retried (``elastic.retry``)."""
+    def _reduce_stats(self, loss: torch.Tensor, nonfinite: bool, step: int) -> StepStats:
+        """Issue the step's one small all-reduce (loss, MoE aux loss, non-finite flag) without
+        waiting: it overlaps the optimizer update (:meth:`StepStats.wait` collects it). A failure
+        before the wire is retried here (``elastic.retry``)."""
         device = self.layout.device
         aux = sum((m.take_aux_loss().to(device) for m in self.model.moe_layers()),
                   torch.zeros((), device=device))
-        bad = 0.0 if math.isfinite(grad_norm) else 1.0
         stats = torch.stack([loss.float().to(device), aux.float(),
-                             torch.tensor(bad, device=device)])
-        retries, replicas = [0], 1
-        if self.layout.is_distributed:
-            from trainpilot.runtime.elastic.retry import retry_collective
-
-            rank, faults = self.layout.rank, self.faults
-            max_retries = self.elastic.config.max_collective_retries if self.elastic else 0
-
-            def on_retry(attempt: int, err: BaseException) -> None:
-                retries[0] = attempt
-                self.emit("collective_retry", dict(step=step, rank=rank, attempt=attempt,
-                                                   error=str(err)[:200]))
-
-            def issue() -> None:
-                self._phase("collective")
-                dist.all_reduce(stats)
-                self._phase("compute")
-
-            retry_collective(issue, step=step, max_retries=max_retries,
-                             before=(lambda: faults.before_collective(step, rank=rank))
-                             if faults is not None else None, on_retry=on_retry)
-            # Every dp x cp x tp rank of the last stage; cp ranks hold equal token counts.
-            replicas = self.plan.dp * self.plan.cp * self.plan.tp
-        stats = stats.cpu()
+                             torch.tensor(float(nonfinite), device=device)])
         num_moe = self.spec.num_moe_layers if self.spec is not None else 0
-        aux_value = float(stats[1]) / replicas / num_moe if num_moe else None
-        return float(stats[0]) / replicas, aux_value, bool(stats[2] > 0), retries[0]
+        out = StepStats(stats, nonfinite=nonfinite, num_moe=num_moe,
+                     strict=not self.scaler.is_enabled())
+        if not self.layout.is_distributed:
+            return out
+        rank, faults = self.layout.rank, self.faults
+        max_retries = self.elastic.config.max_collective_retries if self.elastic else 0
+
+        def on_retry(attempt: int, err: BaseException) -> None:
+            out.retries = attempt
+            self.emit("collective_retry", dict(step=step, rank=rank, attempt=attempt,
+                                               error=str(err)[:200]))
+
+        def issue() -> Any:
+            return dist.all_reduce(stats, async_op=True)
+
+        out.work = retry_collective(issue, step=step, max_retries=max_retries,
+                                    before=(lambda: faults.before_collective(step, rank=rank))
+                                    if faults is not None else None, on_retry=on_retry)
+        # Every dp x cp x tp rank of the last stage; cp ranks hold equal token counts.
+        out.replicas = self.plan.dp * self.plan.cp * self.plan.tp
+        out.world, out.phase = dist.get_world_size(), self._phase
+        return out
 
     def _position(self) -> tuple[dict[str, Any], Any]:
         """Where the data and the RNG are: enough to compute a step again."""
@@ -396,48 +404,71 @@ class Trainer:
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
 
+    def _gradients(self, step: int) -> tuple[int, float, float, float, StepStats]:
+        """This step's gradients, reduced: forward/backward of the step's batch, computed once
+        more from the same batch and RNG state if the gradient came out non-finite. Returns
+        (attempts, data wait s, forward/backward s, pre-clip grad norm, the stats in flight)."""
+        rank = self.layout.rank
+        poison = (self.faults.poison_backward(self.model.modules, step, rank=rank)
+                  if self.faults is not None else [])
+        recompute = self.elastic is None or self.elastic.config.recompute_nonfinite
+        # Under fp16 a non-finite gradient is the loss scaler's business (skip, halve).
+        recompute = recompute and not self.scaler.is_enabled()
+        try:
+            for attempt in (1, 2):
+                position = self._position()
+                t0 = time.perf_counter()
+                inputs, targets = self.next_batch()
+                data_wait = time.perf_counter() - t0
+                self._phase("collective")  # DDP/FSDP/pipeline wait on peers inside it
+                loss = self.forward_backward(inputs, targets)
+                fb_s = time.perf_counter() - t0 - data_wait
+                self._phase("compute")
+                if self.faults is not None:
+                    self.faults.poison_gradients(self.model.parameters(), step, rank=rank)
+                grad_norm = self.grad_norm()
+                # The norm is of the reduced gradients (DDP all-reduce, FSDP reduce-scatter,
+                # TP/PP/EP norm all-reduces): identical on every rank, so each rank decides
+                # alone and the stats all-reduce only checks that they agreed.
+                nonfinite = not math.isfinite(grad_norm)
+                stats = self._reduce_stats(loss, nonfinite, step)
+                if not (nonfinite and attempt == 1 and recompute):
+                    return attempt, data_wait, fb_s, grad_norm, stats
+                # A transient fault (a flipped bit, a bad device) does not come back when the
+                # same batch is computed again; a NaN the data causes does, and then the health
+                # monitor (skip batch) decides. All ranks recompute (wait() checks they agree).
+                stats.wait(step)
+                self.emit("nonfinite_recompute", dict(step=step, grad_norm=grad_norm))
+                self._rewind(position)
+        finally:
+            for handle in poison:
+                handle.remove()
+        raise AssertionError("unreachable")
+
     def train_step(self) -> StepRecord:
         """One optimizer step; returns its record (after calling the callbacks)."""
         step, rank = self.step + 1, self.layout.rank
         start = time.perf_counter()
+        self._fence_s = 0.0
         self._phase("compute")
         if self.faults is not None:
             self.faults.on_step(step, rank=rank, step_time_s=self._usual_step_time_s())
         lr = self.optimizers[0].param_groups[0]["lr"]
-        for attempt in (1, 2):
-            position = self._position()
-            t0 = time.perf_counter()
-            inputs, targets = self.next_batch()
-            data_wait = time.perf_counter() - t0
-            self._phase("collective")  # DDP/FSDP/pipeline wait on peers inside it
-            loss = self.forward_backward(inputs, targets)
-            fb_s = time.perf_counter() - t0 - data_wait
-            self._phase("compute")
-            if self.faults is not None:
-                self.faults.poison_gradients(self.model.parameters(), step, rank=rank)
-            grad_norm = self.grad_norm()
-            loss_value, aux, nonfinite, retries = self._global_stats(loss, grad_norm, step)
-            recompute = self.elastic is None or self.elastic.config.recompute_nonfinite
-            # Under fp16 a non-finite gradient is the loss scaler's business (skip, halve).
-            recompute = recompute and not self.scaler.is_enabled()
-            if not (nonfinite and attempt == 1 and recompute):
-                break
-            # A transient fault (a flipped bit, a bad device) does not come back when the same
-            # batch is computed again; a NaN the data causes does, and then the health monitor
-            # (skip batch) decides. Every rank saw the same flag, so all of them recompute.
-            self.emit("nonfinite_recompute", dict(step=step, grad_norm=grad_norm))
-            self._rewind(position)
+        attempt, data_wait, fb_s, grad_norm, stats = self._gradients(step)
         skipped = False
         if self.monitor is not None:
+            # The monitor's verdict (e.g. skip a loss spike) gates the update: wait for it.
             self._prepare_update()
-            skipped = self.monitor.observe_loss(step, loss_value)
+            skipped = self.monitor.observe_loss(step, stats.wait(step)[0])
         if not self.apply_update():
             skipped = True
             self.emit("loss_scale_skip", dict(step=step, grad_norm=grad_norm,
                                               new_scale=self.scaler.get_scale()))
+        loss_value, aux = stats.wait(step)
         comm = self.comm_hook.end_step() if self.comm_hook is not None else None
         _synchronize(self.layout.device)
-        elapsed = time.perf_counter() - start
+        # A wait for the checkpoint copy is the checkpoint's stall, not the step's.
+        elapsed = time.perf_counter() - start - self._fence_s
         self.step = step
         self._step_times = (self._step_times + [elapsed])[-16:]
         comm_s = comm.comm_s if comm is not None else None
@@ -453,7 +484,9 @@ class Trainer:
                             comm_time_s=comm_s,
                             comm_bytes=comm.wire_bytes if comm is not None else None,
                             comm_payload_bytes=comm.payload_bytes if comm is not None else None,
-                            rank_timings=timings, attempts=attempt, collective_retries=retries, skipped_update=skipped)
+                            rank_timings=timings, attempts=attempt,
+                            collective_retries=stats.retries, skipped_update=skipped,
+                            checkpoint_wait_s=self._fence_s)
         if not np.isfinite(loss_value):
             self.emit("nonfinite_loss", dict(step=self.step, loss=loss_value))
         directive = None
@@ -473,6 +506,11 @@ class Trainer:
 
     def _usual_step_time_s(self) -> float | None:
         return float(np.median(self._step_times)) if self._step_times else None
+
+    def _fence(self) -> float:
+        """Wait for a checkpoint copy still running (``checkpoint_overlap``) before a saved
+        tensor changes; returns the seconds waited."""
+        return self.checkpointer.fence() if self.checkpointer is not None else 0.0
 
     def _rank_timings(self, step: int, step_s: float, fb_s: float, comm_s: float | None,
                       data_s: float) -> Any:
@@ -573,6 +611,8 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
+
+        self._fence()
 
         options = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
         for chunk, opt in zip(self.model.chunks, self.optimizers):

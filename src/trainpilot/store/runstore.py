@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from trainpilot.specs.errors import SpecError
-from trainpilot.store.schema import DDL, SCHEMA_VERSION, STORE_FILENAME
+from trainpilot.store.schema import DDL, KIND_SQL, LEGACY_KINDS, SCHEMA_VERSION, STORE_FILENAME
 
 
 class Exporter(Protocol):
@@ -126,9 +126,11 @@ class RunStore:
                flush_interval_s: float = 2.0, durable: bool = False) -> "RunStore":
         """Open the run's store for writing, creating it if needed (rank 0 only).
 
-        Reopening an existing store (a restarted job) keeps its rows, marks the run running again
-        and records a ``restart`` event. ``flush_every_steps`` (>= 1) and ``flush_interval_s``
-        (> 0) bound how much a crash can lose: whichever is reached first flushes the batch.
+        Reopening an existing store (a restarted or re-run job) keeps its rows, marks the run
+        running again and records a ``run_resumed`` event (not ``restart``: whether training
+        restarted from a checkpoint is the trainer's to say). ``flush_every_steps`` (>= 1) and
+        ``flush_interval_s`` (> 0) bound how much a crash can lose: whichever is reached first
+        flushes the batch.
         """
         if flush_every_steps < 1:
             raise SpecError("flush_every_steps", flush_every_steps, "valid: an integer >= 1")
@@ -136,7 +138,7 @@ class RunStore:
             raise SpecError("flush_interval_s", flush_interval_s, "valid: seconds > 0")
         path = store_path(run_dir)
         conn = _connect_writer(path, durable=durable)
-        existing = conn.execute("SELECT run_id FROM runs LIMIT 1").fetchone()
+        existing = conn.execute("SELECT run_id, status FROM runs LIMIT 1").fetchone()
         now = time.time()
         if existing:
             run_id = existing[0]
@@ -152,13 +154,16 @@ class RunStore:
         store = cls(conn, path, writable=True, run_id=run_id,
                     flush_every_steps=flush_every_steps, flush_interval_s=flush_interval_s)
         store.resumed = existing is not None
-        # A reopened store is a restarted job: this event says when its process came back; the
-        # trainer's own ``restart`` event (with ``restored_step``) says what it restored.
-        store.log_event("restart" if existing else "run_start", None,
-                        {"pid": os.getpid(), "world_size": world_size},
-                        name="store_reopened" if existing else "run_start",
-                        message=(f"run store reopened by pid {os.getpid()}" if existing
-                                 else ""))
+        payload: dict[str, Any] = {"pid": os.getpid(), "world_size": world_size}
+        if existing:
+            # When the job's process came back and what the run was before; the trainer's own
+            # ``restart`` event (with ``restored_step``) says whether and what it restored.
+            store.log_event("run_resumed", None, dict(payload, previous_status=existing[1]),
+                            name="run_resumed",
+                            message=f"run store reopened by pid {os.getpid()} "
+                                    f"(was {existing[1]})")
+        else:
+            store.log_event("run_start", None, payload, name="run_start")
         return store
 
     @classmethod
@@ -394,12 +399,20 @@ class RunStore:
 
     def events(self, *, since_id: int = 0, kinds: Iterable[str] | None = None,
                limit: int | None = None) -> list[Event]:
-        """Events with id > ``since_id`` (oldest first); ``limit`` keeps the newest ones."""
-        sql, args = "SELECT * FROM events WHERE id > ?", [since_id]
+        """Events with id > ``since_id`` (oldest first); ``limit`` keeps the newest ones.
+
+        Kinds are as :data:`~trainpilot.store.schema.KIND_SQL` reads them (a legacy reopening
+        comes back as ``run_resumed``, never as ``restart``)."""
+        sql = (f"SELECT id, time, step, {KIND_SQL}, severity, name, message, payload_json "
+               "FROM events WHERE id > ?")
+        args: list[Any] = [since_id]
         kinds = list(kinds or [])
         if kinds:
-            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
-            args += kinds
+            # The stored kinds first (the (kind, id) index), then the kinds as read.
+            stored = sorted(set(kinds) | {LEGACY_KINDS[k] for k in kinds if k in LEGACY_KINDS})
+            sql += (f" AND kind IN ({','.join('?' * len(stored))})"
+                    f" AND {KIND_SQL} IN ({','.join('?' * len(kinds))})")
+            args += stored + kinds
         sql += " ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
         rows = self._rows(sql, args)[::-1]
         return [Event(id=r[0], time=r[1], step=r[2], kind=r[3], severity=r[4], name=r[5],

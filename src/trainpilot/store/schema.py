@@ -12,14 +12,25 @@ from __future__ import annotations
 SCHEMA_VERSION = 1
 STORE_FILENAME = "trainpilot.db"
 
-# Event kinds the readers know how to draw; any other kind is stored as given.
+# Event kinds the readers know how to draw; any other kind is stored as given. ``run_resumed``:
+# a writer reopened an existing store (a restarted or re-run job); it says when a process came
+# back, not that training restarted: that is ``restart``, which only the trainer (with the
+# ``restored_step`` it restored) and a rollback log.
 EVENT_KINDS = (
-    "run_start", "run_end", "alert", "alert_cleared", "intervention", "fault", "diagnosis",
-    "restart", "checkpoint", "lr_change", "note",
+    "run_start", "run_resumed", "run_end", "alert", "alert_cleared", "intervention", "fault",
+    "diagnosis", "restart", "checkpoint", "lr_change", "note",
     # the runtime's recovery events (trainpilot.runtime.callbacks.RunRecorder)
     "recovered", "failure_detected", "collective_retry", "checkpoint_failed",
     "nonfinite_recompute",
 )
+
+# The kind column as readers see it. Stores written before ``run_resumed`` existed logged a
+# reopening as kind ``restart`` named ``store_reopened``; such stores stay on users' disks and are
+# opened read-only (no migration possible), so every read maps that one legacy form here, in SQL,
+# where the ``kinds`` filter and ``LIMIT`` see it too.
+KIND_SQL = ("CASE WHEN kind = 'restart' AND name = 'store_reopened' THEN 'run_resumed' "
+            "ELSE kind END")
+LEGACY_KINDS = {"run_resumed": "restart"}  # a kind -> the stored kind it was once written as
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (

@@ -6,7 +6,8 @@ step's metrics are committed in one batch, and so are all ranks' timings of one 
 metric cursor is the largest step visible when the read starts (every series is read up to it),
 and the rank cursor is the largest step in the one query that read the timings. A rolled-back
 run rewrites steps behind the cursor; it also logs a ``restart`` event, on which the page reloads
-everything.
+everything. So does a ``run_resumed`` event: a re-run process without a checkpoint to restore logs
+from step 1 again, and only the store's reopening marks it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ SERIES = ("loss", "loss_trend", "lr", "grad_norm", "step_time_s", "data_time_s",
           "health/convergence")
 LAYER_PREFIX = "grad_norm/"
 TIMELINE_KINDS = ("alert", "alert_cleared", "intervention", "fault", "restart", "checkpoint",
-                  "diagnosis", "lr_change", "run_start", "run_end", "note")
+                  "diagnosis", "lr_change", "run_start", "run_resumed", "run_end", "note")
 STRAGGLER_RATIO = 1.2  # the default straggler rule (health rules.yaml): >= 1.2x the others
 
 

@@ -65,7 +65,7 @@ def _recovery(store: RunStore) -> tuple[int, float, int]:
             last_ckpt = e.step
         elif e.kind == "fault":
             last_fault = e
-        elif e.kind == "restart" and e.name != "store_reopened":
+        elif e.kind == "restart":
             restored = e.payload.get("restored_step", e.payload.get("resumed_step"))
             at = e.payload.get("step", e.step)
             if last_fault is not None:
@@ -88,7 +88,9 @@ def measured_goodput(store: RunStore) -> dict[str, Any]:
     skipped_s = sum(v for s, v in times.items() if skipped.get(s))
     checkpoints = store.events(kinds=["checkpoint"])
     stalls = [finite(e.payload.get("stall_s")) for e in checkpoints]
-    stall_s = sum(s for s in stalls if s)
+    # Overlapped copies: the save call's stall, plus the next step's wait for the copy.
+    stall_s = sum(s for s in stalls if s) + sum(
+        v for v in store.series("checkpoint_wait_s")[1] if finite(v) is not None)
     lost_steps, recovery_s, num_faults = _recovery(store)
     wall = _wall_s(store)
     out = dict(productive=productive, skipped_updates=skipped_s, checkpoint_stall=stall_s,

@@ -56,8 +56,7 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
         num_interventions=sum(e["kind"] == "intervention" and
                               e["payload"].get("phase") != "outcome" for e in events),
         num_checkpoints=count("checkpoint"), num_faults=count("fault"),
-        num_restarts=sum(e["kind"] == "restart" and e.get("name") != "store_reopened"
-                         for e in events),
+        num_restarts=count("restart"),
         duration_s=(end - run["started_time"]) if end and run.get("started_time") else None,
         forecast=data.get("forecast"))
 
@@ -94,7 +93,7 @@ def faults_and_recoveries(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append(open_fault)
         elif e["kind"] == "diagnosis" and open_fault is not None:
             open_fault["diagnosis"] = e["payload"].get("category") or e["name"]
-        elif e["kind"] == "restart" and e.get("name") != "store_reopened":
+        elif e["kind"] == "restart":
             p = e["payload"]
             restored = p.get("restored_step", p.get("resumed_step"))
             if open_fault is not None:

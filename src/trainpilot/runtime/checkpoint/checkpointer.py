@@ -2,7 +2,8 @@
 
     ckpt = Checkpointer(CheckpointConfig(root_dir="runs/x/ckpt"), process_group=pg)
     handle = ckpt.save(step, trainer.state_dict())      # blocks only for the host snapshot
-    ...
+    ...                       # (overlap=True: not even that; call ckpt.fence() before the
+    ...                       #  next optimizer step)
     restored = ckpt.restore_latest(trainer.state_dict())  # memory first, then storage
     if restored is not None:
         trainer.load_state_dict(restored.state)
@@ -22,6 +23,7 @@ import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from datetime import timedelta
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,7 +39,8 @@ from trainpilot.runtime.checkpoint.config import (
 )
 from trainpilot.runtime.checkpoint.peer import MemoryTier, default_offset, ring_exchange
 from trainpilot.runtime.checkpoint.rng import capture_rng_state, restore_rng_state
-from trainpilot.runtime.checkpoint.snapshot import HostSnapshot, restore_tensors, take_snapshot
+from trainpilot.runtime.checkpoint.snapshot import (
+    GLOBAL, HostSnapshot, fill_snapshot, on_host, prepare_snapshot, restore_tensors)
 from trainpilot.runtime.checkpoint.storage import CheckpointWriter, index_from_manifest
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,8 @@ class SaveHandle:
     stall_s: float
     wait_s: float
     future: Future
+    staged: Future  # done when the host snapshot is complete (see Checkpointer.fence)
+    report: SaveReport
     error_seen: bool = False  # the caller got the error from result(): do not raise it again
 
     def done(self) -> bool:
@@ -141,11 +146,18 @@ class Checkpointer:
 
     # -- save ------------------------------------------------------------------------------
     def save(self, step: int, state: Any, *, rank_state: Any = None,
-             to_storage: bool = True) -> SaveHandle:
+             to_storage: bool = True, overlap: bool = False) -> SaveHandle:
         """Snapshot ``state`` to host memory and return; the peer copy and (if
         ``to_storage``) the storage write continue in the background. Collective: every rank
         of the group calls it with the same step. At most one save is in flight: this call
-        first waits for the previous one."""
+        first waits for the previous one.
+
+        ``overlap``: return before the tensors of ``state`` are copied; the writer thread
+        copies them while the caller goes on (the next step's forward and backward, which do
+        not change weights or optimizer state), and the caller must call :meth:`fence` before
+        it changes any of them (before the optimizer step). ``rank_state`` and the RNG states
+        are copied before the call returns either way, as is a state on an accelerator (its
+        device-to-host copy is not overlapped yet)."""
         start = time.perf_counter()
         self._drain(raise_errors=self.config.on_write_error == "raise")
         waited = time.perf_counter() - start
@@ -154,23 +166,47 @@ class Checkpointer:
         reuse = self.memory.recyclable_own()
         if reuse is not None:
             self.memory.own.popleft()  # overwritten below; never keep a half-copied slot
-        snap = take_snapshot(step, state, rank_full, rank=self.rank,
-                             world_size=self.world_size, reuse=reuse)
-        self.memory.own.append(snap)
+        snap, pending = prepare_snapshot(step, state, rank_full, rank=self.rank,
+                                         world_size=self.world_size, reuse=reuse)
+        deferred: list = []
+        if overlap and self.config.async_save and on_host(pending):
+            deferred = [(e, t) for e, t in pending if e.scope == GLOBAL]
+            pending = [(e, t) for e, t in pending if e.scope != GLOBAL]
+        fill_snapshot(snap, pending)
+        self.memory.own.append(snap)  # restores drain the save first: never read half-copied
         report = SaveReport(step=step, stall_s=0.0, wait_s=waited, snapshot_bytes=snap.nbytes,
-                            to_storage=to_storage)
+                            to_storage=to_storage, overlapped=bool(deferred))
+        staged: Future = Future()
+        if not deferred:
+            staged.set_result(0.0)
         if self.config.async_save:
-            future = self._executor.submit(self._write_job, snap, report)
+            future = self._executor.submit(self._write_job, snap, report, deferred, staged)
         else:
             future = Future()
             try:
-                future.set_result(self._write_job(snap, report))
+                future.set_result(self._write_job(snap, report, deferred, staged))
             except BaseException as err:  # noqa: BLE001 (CheckpointException is a BaseException)
                 future.set_exception(err)
         # Measured after the hand-off: the writer thread may hold the GIL for a moment.
         report.stall_s = stall = time.perf_counter() - start
-        self._inflight = SaveHandle(step=step, stall_s=stall, wait_s=waited, future=future)
+        self._inflight = SaveHandle(step=step, stall_s=stall, wait_s=waited, future=future,
+                                    staged=staged, report=report)
         return self._inflight
+
+    def fence(self) -> float:
+        """Wait until the snapshot of the newest save is complete; returns the seconds waited
+        (added to that save's ``stall_s``). After ``save(overlap=True)``, call it before
+        changing any tensor of the saved state. Instant when nothing is being copied."""
+        handle = self._inflight
+        if handle is None or handle.report.fence_done:
+            return 0.0
+        start = time.perf_counter()
+        wait_futures([handle.staged])  # an error surfaces through result(), not here
+        waited = time.perf_counter() - start
+        handle.report.fence_done, handle.report.fence_s = True, waited
+        handle.stall_s += waited
+        handle.report.stall_s += waited
+        return waited
 
     def wait(self) -> SaveReport | None:
         """Block until the save in flight (if any) is done; returns its report."""
@@ -199,7 +235,17 @@ class Checkpointer:
             log.warning("%s", err)
             return None
 
-    def _write_job(self, snap: HostSnapshot, report: SaveReport) -> SaveReport:
+    def _write_job(self, snap: HostSnapshot, report: SaveReport, deferred: list,
+                   staged: Future) -> SaveReport:
+        if deferred:
+            t = time.perf_counter()
+            try:
+                fill_snapshot(snap, deferred)
+            except BaseException as err:
+                staged.set_exception(err)
+                raise CheckpointWriteError(snap.step, {self.rank: err}) from err
+            report.copy_s = time.perf_counter() - t
+            staged.set_result(report.copy_s)
         try:
             if self.config.in_memory_peer and self.world_size > 1:
                 t = time.perf_counter()

@@ -76,9 +76,13 @@ class SaveReport:
     only) totals all ranks: bytes_raw (a full save), bytes_written, bytes_referenced."""
 
     step: int
-    stall_s: float  # time save() blocked the caller (includes wait_s)
+    stall_s: float  # time save() and fence() blocked the caller (includes wait_s, fence_s)
     wait_s: float  # of which: waiting for the previous save to finish
     snapshot_bytes: int
+    overlapped: bool = False  # the tensor copy ran on the writer thread (save(overlap=True))
+    copy_s: float = 0.0  # that copy's duration, off the caller's thread
+    fence_s: float = 0.0  # of stall_s: fence() waiting for that copy
+    fence_done: bool = False
     exchange_s: float = 0.0
     write_s: float = 0.0
     to_storage: bool = False

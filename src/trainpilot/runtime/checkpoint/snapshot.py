@@ -5,8 +5,11 @@ A snapshot copies every tensor of the state (the local shard of a DTensor) into 
 save in steady state is a memcpy (no allocation, no page faults). The packed form is also what
 the in-memory tier sends to a peer with one send/recv.
 
-Invariant: after :func:`take_snapshot` returns, the snapshot shares no memory with the live
-state, so training may mutate parameters immediately (snapshot isolation).
+A snapshot is taken in two parts: :func:`prepare_snapshot` (layout, buffer, the non-tensor
+leaves serialized) and :func:`fill_snapshot` (the copies; on the caller's thread, or on the
+writer's while the next step computes). Invariant: once the fill has returned, the snapshot
+shares no memory with the live state, so training may change it (snapshot isolation); before
+that, the live tensors must not change.
 """
 
 from __future__ import annotations
@@ -158,13 +161,15 @@ def _layout(tensors: Mapping[str, torch.Tensor], scope: str, start: int,
     return entries, offset
 
 
-def take_snapshot(step: int, state: Mapping, rank_state: Mapping, *, rank: int,
-                  world_size: int, reuse: HostSnapshot | None = None) -> HostSnapshot:
-    """Copy ``state`` (global) and ``rank_state`` (this rank's own) into host memory.
+def prepare_snapshot(step: int, state: Mapping, rank_state: Mapping, *, rank: int,
+                     world_size: int, reuse: HostSnapshot | None = None,
+                     ) -> tuple[HostSnapshot, list[tuple[Entry, torch.Tensor]]]:
+    """Lay ``state`` (global) and ``rank_state`` (this rank's own) out in one host buffer and
+    serialize their non-tensor leaves; returns the snapshot and the copies still to make,
+    ``(entry, live tensor)``, for :func:`fill_snapshot`.
 
     ``reuse``: a snapshot this call may overwrite; its buffer is recycled when the layout is
-    unchanged. Returns once every byte is copied (device copies are synchronized).
-    """
+    unchanged (a save in steady state is then a memcpy: no allocation, no page faults)."""
     global_tree, global_tensors = codec.split_state(state, root="state")
     rank_tree, rank_tensors = codec.split_state(rank_state, root="rank_state")
     entries, end = _layout(global_tensors, GLOBAL, 0)
@@ -181,16 +186,27 @@ def take_snapshot(step: int, state: Mapping, rank_state: Mapping, *, rank: int,
     snap = HostSnapshot(step=step, rank=rank, world_size=world_size, entries=entries,
                         buffer=buffer, global_tree=codec.dumps(global_tree),
                         rank_tree=codec.dumps(rank_tree))
+    pending = []
+    for entry in entries:
+        src = (global_tensors if entry.scope == GLOBAL else rank_tensors)[entry.key]
+        if is_dtensor(src):
+            snap.dist_refs[entry.key] = (src.device_mesh, src.placements)
+        pending.append((entry, local_part(src).detach()))
+    return snap, pending
+
+
+def fill_snapshot(snap: HostSnapshot, pending: list[tuple[Entry, torch.Tensor]]) -> None:
+    """Make the copies :func:`prepare_snapshot` left; returns when every byte is in host
+    memory. Safe on another thread: ``copy_`` releases the GIL."""
     with torch.no_grad():
-        for entry in entries:
-            src = (global_tensors if entry.scope == GLOBAL else rank_tensors)[entry.key]
-            if is_dtensor(src):
-                snap.dist_refs[entry.key] = (src.device_mesh, src.placements)
-            local = local_part(src).detach()
+        for entry, local in pending:
             snap.view(entry).copy_(local, non_blocking=local.device.type != "cpu")
-    if on_device:
+    if any(local.device.type != "cpu" for _, local in pending):
         torch.accelerator.synchronize()
-    return snap
+
+
+def on_host(pending: list[tuple[Entry, torch.Tensor]]) -> bool:
+    return all(local.device.type == "cpu" for _, local in pending)
 
 
 class LayoutMismatch(ValueError):

@@ -23,6 +23,11 @@ T = TypeVar("T")
 TRANSIENT = (InjectedCollectiveError, InterruptedError)
 
 
+class NonfiniteDisagreement(RuntimeError):
+    """Ranks disagree on whether a step's reduced gradient is finite, so their gradients (and
+    after the update their weights) differ: recover from the newest checkpoint."""
+
+
 class CollectiveFailure(RuntimeError):
     """A collective failed for good (retries exhausted, or the group broke): recover."""
 
@@ -61,7 +66,7 @@ def is_recoverable(err: BaseException) -> bool:
     """Errors that mean "a peer or the group failed": recover instead of crashing the run."""
     import torch.distributed as dist
 
-    if isinstance(err, CollectiveFailure):
+    if isinstance(err, (CollectiveFailure, NonfiniteDisagreement)):
         return True
     kinds: tuple[Any, ...] = (dist.DistError,) if hasattr(dist, "DistError") else ()
     if isinstance(err, kinds):

@@ -68,14 +68,16 @@ def save_if_due(trainer: Trainer) -> Any:
     previous = _written(getattr(trainer, "_last_save", None))
     trainer._phase("collective")  # the save waits for the previous one's collectives
     handle = ckpt.save(trainer.step, trainer.state_dict(rng=False),
-                       rank_state=trainer.rank_state(), to_storage=to_storage)
+                       rank_state=trainer.rank_state(), to_storage=to_storage,
+                       overlap=trainer.overlap_checkpoint_copy)
     trainer._phase("compute")
     trainer.num_saves += 1
     trainer._last_save = handle
+    # Overlapped: the copy's remaining wait, if any, is the next step's checkpoint_wait_s.
     trainer.emit("checkpoint", dict(step=trainer.step, stall_s=handle.stall_s,
                                     wait_s=handle.wait_s, to_storage=to_storage,
                                     in_memory_peer=ckpt.config.in_memory_peer,
-                                    previous=previous))
+                                    previous=previous, overlapped=handle.report.overlapped))
     report_failed_save(trainer)  # a synchronous save has already finished
     return handle
 

@@ -17,10 +17,10 @@
   const SEVERITY_COLOR = {info: "#6c757d", warning: "#e0a100", critical: "#d62728"};
   const KIND_SYMBOL = {alert: "triangle-up", intervention: "diamond", fault: "x",
                        restart: "star", checkpoint: "square", diagnosis: "cross",
-                       lr_change: "triangle-down", run_start: "circle", run_end: "circle-open",
-                       note: "circle-dot"};
-  const TIMELINE_ORDER = ["run_start", "checkpoint", "lr_change", "alert", "intervention",
-                          "fault", "diagnosis", "restart", "run_end", "note"];
+                       lr_change: "triangle-down", run_start: "circle",
+                       run_resumed: "circle-cross", run_end: "circle-open", note: "circle-dot"};
+  const TIMELINE_ORDER = ["run_start", "run_resumed", "checkpoint", "lr_change", "alert",
+                          "intervention", "fault", "diagnosis", "restart", "run_end", "note"];
   const PARTS = ["gradient_flow", "communication", "hardware", "convergence"];
   const PART_COLORS = ["#4c78a8", "#72b7b2", "#f58518", "#54a24b"];
 

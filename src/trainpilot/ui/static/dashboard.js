@@ -66,8 +66,10 @@
     if (cursor.rank_step !== null) since.since_rank_step = cursor.rank_step;
     if (cursor.event) since.since_event = cursor.event;
     const d = await getJson(apiUrl("/api/run", since));
-    if (cursor.event && d.events.some((e) => e.kind === "restart")) {
-      reset(); // steps behind the cursor were rewritten: read everything again
+    // A rollback or restart (restored step), or a re-run process (run_resumed) with nothing
+    // to restore, rewrites steps behind the cursor: read everything again.
+    if (cursor.event && d.events.some((e) => e.kind === "restart" || e.kind === "run_resumed")) {
+      reset();
       return poll();
     }
     merge(d);
