@@ -64,3 +64,23 @@ def test_demo_health_prints_the_report(run_dir):
     text = out.getvalue()
     assert "health" in text and "skip_batch" in text and "recovered" in text
     assert "divergence_risk" in text and snap["step"] == 120
+
+
+def test_active_alerts_end_with_the_process_that_raised_them(tmp_path):
+    from trainpilot.health.view import active_alerts
+
+    store = RunStore.create(tmp_path, world_size=1)
+    store.log_event("alert", 5, {}, severity="warning", name="loss_spike", message="spike")
+    store.log_event("alert", 6, {}, severity="critical", name="non_finite", message="nan")
+    store.log_event("alert_cleared", 7, {}, name="loss_spike")
+    store.log_event("restart", 8, {"restored_step": 5})  # in process: the monitor lives on
+    store.close(status="failed")
+    reader = RunStore.open_readonly(tmp_path)
+    assert [a["rule"] for a in active_alerts(reader)] == ["non_finite"]
+    reader.close()
+    # A re-run process reopens the store: its fresh monitor never clears the old alert.
+    store = RunStore.create(tmp_path, world_size=1)
+    store.log_event("alert", 9, {}, severity="warning", name="slow_rank", message="rank 1")
+    store.close(status="completed")
+    reader = RunStore.open_readonly(tmp_path)
+    assert [a["rule"] for a in active_alerts(reader)] == ["slow_rank"]

@@ -23,14 +23,19 @@ TIMELINE_KINDS = ("alert", "intervention", "fault", "restart", "checkpoint", "di
 
 
 def active_alerts(store: RunStore) -> list[dict[str, Any]]:
-    """Alerts raised and not cleared since (newest first)."""
+    """Alerts raised and not cleared since (newest first). A new process (``run_start``,
+    ``run_resumed``) has a fresh monitor that never clears its predecessor's alerts (it raises
+    them again if their condition holds), so those are dropped there; an in-process restart
+    keeps the monitor and its alerts."""
     active: dict[str, dict[str, Any]] = {}
-    for e in store.events(kinds=["alert", "alert_cleared", "restart", "run_start"]):
+    for e in store.events(kinds=["alert", "alert_cleared", "run_start", "run_resumed"]):
         if e.kind == "alert":
             active[e.name] = dict(rule=e.name, severity=e.severity, step=e.step,
                                   message=e.message)
         elif e.kind == "alert_cleared":
             active.pop(e.name, None)
+        else:
+            active.clear()
     return sorted(active.values(), key=lambda a: -(a["step"] or 0))
 
 
