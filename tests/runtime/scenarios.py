@@ -165,17 +165,22 @@ def fp16_skip() -> dict[str, Any]:
             out["pp_local_scaler"] = _fp16_run("pp=2,precision=fp16," + BASE)
     out["dp_backward"] = _nan_run("nan:rank=1,step=2")
     out["dp_grad"] = _nan_run("nan:rank=1,step=2,at=grad")
+    # Each rank decides alone from the norm of the reduced gradients: the same on every rank
+    # in every layout (FSDP reduce-scatter, TP and PP norm all-reduces), NaN on rank 0 or 1.
+    for name, plan in (("fsdp", "dp=2,zero=3,"), ("tp", "tp=2,"), ("pp", "pp=2,")):
+        for rank in (0, 1):
+            out[f"{name}_backward_{rank}"] = _nan_run(f"nan:rank={rank},step=2", plan)
     return out
 
 
-def _nan_run(spec: str) -> dict[str, Any]:
-    """fp32 DDP on 2 ranks, 3 steps with a NaN injected on rank 1 at step 2: the attempts per
-    step, or the error that stopped the run."""
+def _nan_run(spec: str, plan: str = "dp=2,zero=0,") -> dict[str, Any]:
+    """fp32 on 2 ranks, 3 steps with a NaN injected at step 2: the attempts per step, or the
+    error that stopped the run."""
     from trainpilot.runtime.faults import FaultInjector
     from trainpilot.runtime.elastic.retry import NonfiniteDisagreement
 
     faults = FaultInjector(spec)
-    trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan("dp=2,zero=0," + BASE),
+    trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan(plan + BASE),
                       faults=faults, config=TrainConfig(**dict(CONFIG, autocast="off")))
     out: dict[str, Any] = dict(attempts=[], error=None)
     try:

@@ -29,9 +29,9 @@ enospc      step, [rank=0], [at=data|manifest]: the checkpoint write raises
             real full disk.
 collective  rank, step: the next collective of ``step`` raises :class:`InjectedCollectiveError`.
 nan         rank, step, [at=backward|grad]: a NaN in this rank's gradient. ``backward`` (a NaN
-            computed on this rank): one element of the gradient flowing into the model's output
-            becomes NaN in backward, so it spreads to every gradient and, through the
-            gradient reduction, to every replica. ``grad``: one element of this rank's gradient
+            computed on this rank): the gradient flowing into the model's output becomes NaN in
+            backward, so it spreads to every gradient and, through the gradient reduction, to
+            every replica. ``grad``: one element of this rank's gradient
             becomes NaN after the reduction, on this rank only (silent corruption).
 =========== ======================================================================================
 """
@@ -258,8 +258,8 @@ class FaultInjector:
 
     def poison_backward(self, modules: Iterable[Any], step: int, *, rank: int) -> list[Any]:
         """Call before the forward of ``step``: when a ``nan`` fault (``at=backward``) is due,
-        the first forward of the first module makes one element of its output's gradient NaN
-        in the coming backward. Returns the hook handles (remove them after the step)."""
+        the first forward of the first module makes its output's gradient NaN in the coming
+        backward. Returns the hook handles (remove them after the step)."""
         due = self._due(("nan",), step=step, rank=rank, at="backward")
         modules = list(modules)
         if not due or not modules:
@@ -274,11 +274,10 @@ class FaultInjector:
                 out.register_hook(poison)
 
         def poison(grad: Any) -> Any:
-            grad = grad.clone()
-            local = grad.to_local() if hasattr(grad, "to_local") else grad
-            local.view(-1)[0] = float("nan")
+            # All of it: under TP a replicated output's gradient is sliced in backward, and
+            # one element could fall in another rank's slice and be dropped.
             self._fire(fault, rank=rank, step=step, point="backward")
-            return grad
+            return grad * float("nan")
 
         handles.append(modules[0].register_forward_hook(on_forward))
         return handles
