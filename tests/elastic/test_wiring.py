@@ -100,3 +100,49 @@ def test_store_checkpoints_and_rollback_directive(tmp_path):
 
     out = write_report(tmp_path, tmp_path / "r.html")["html"]
     assert out.stat().st_size > 10_000
+
+
+def _monitored_run(tmp_path, steps: int, *, bad: set[int], load_monitor: bool = True):
+    """The small GPT with a health monitor (skip_batch_on_spike on) and a checkpoint every
+    10 steps, trained to ``steps`` (resuming from tmp_path's checkpoints if any)."""
+    base = MarkovCorpus(vocab_size=64, seq_len=32, seed=0, num_samples=4096, concentration=0.05)
+    monitor = HealthMonitor(config=load_health_config().with_interventions(
+        skip_batch_on_spike=True), total_steps=50)
+    if not load_monitor:  # the negative control: a restarted monitor that forgot everything
+        monitor.load_state_dict = lambda state: None
+    ckpt = Checkpointer(CheckpointConfig(root_dir=tmp_path / "checkpoints"))
+    trainer = Trainer(model=load_model(SMALL), plan=load_plan(PLAN), monitor=monitor,
+                      config=TrainConfig(steps=50, lr=1e-2, warmup_steps=5, predict=False,
+                                         checkpoint_every=10),
+                      dataset=CorruptWindow(base, bad), checkpointer=ckpt)
+    trainer.fit(steps)
+    ckpt.close()
+    alerts = [(a.rule, a.step) for a in monitor.alerts.log]
+    skips = [r.step for r in monitor.interventions.records if r.action == "skip_batch"]
+    return trainer, alerts, skips
+
+
+@pytest.mark.timeout(120)
+def test_monitor_state_survives_a_restart(tmp_path):
+    """A job restarted from its step-30 checkpoint: its new monitor continues with the old
+    one's windows, so it flags and skips a corrupted batch at step 33 exactly as a monitor that
+    never stopped did (same alerts, same skips, bit-identical weights). Negative control: a
+    restarted monitor without that state has too short a window to judge step 33."""
+    order = ResumableSampler(4096, seed=0)
+    batches = [order.next_indices(16) for _ in range(50)]
+    bad = {int(i) for i in batches[33 - 1]}
+    reference, ref_alerts, ref_skips = _monitored_run(tmp_path / "a", 50, bad=bad)
+    assert ref_skips == [33] and ("divergence_risk", 33) in ref_alerts
+
+    _monitored_run(tmp_path / "b", 30, bad=bad)
+    resumed, alerts, skips = _monitored_run(tmp_path / "b", 50, bad=bad)
+    assert resumed.monitor.good_steps[:3] == [10, 20, 30]  # rollback targets from before
+    assert skips == ref_skips and alerts == [a for a in ref_alerts if a[1] > 30]
+    a, b = reference.state_dict()["model"], resumed.state_dict()["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    _monitored_run(tmp_path / "c", 30, bad=bad)
+    forgot, alerts, skips = _monitored_run(tmp_path / "c", 50, bad=bad, load_monitor=False)
+    assert skips == [] and ("divergence_risk", 33) not in alerts
+    c = forgot.state_dict()["model"]
+    assert not all(torch.equal(a[k], c[k]) for k in a)

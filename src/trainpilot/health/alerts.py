@@ -67,5 +67,16 @@ class AlertManager:
         self._fired.clear()
         self._evaluated.clear()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Active alerts (without payloads) and when each rule last logged (its cooldown)."""
+        return {"active": [[a.rule, a.severity, a.step, a.message]
+                           for a in self.active.values()],
+                "last_logged": [[rule, step] for rule, step in self._last_logged.items()]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.active = {rule: Alert(rule=rule, severity=severity, step=int(step), message=msg)
+                       for rule, severity, step, msg in state["active"]}
+        self._last_logged = {rule: int(step) for rule, step in state["last_logged"]}
+
     def critical_active(self) -> bool:
         return any(a.severity == "critical" for a in self.active.values())

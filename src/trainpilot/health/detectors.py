@@ -102,6 +102,13 @@ class TrendDetector:
         self._steps.append(step)
         self._values.append(value)
 
+    def state_dict(self) -> dict[str, list]:
+        return {"steps": list(self._steps), "values": list(self._values)}
+
+    def load_state_dict(self, state: dict[str, list]) -> None:
+        self._steps = deque((int(s) for s in state["steps"]), maxlen=self.window)
+        self._values = deque((float(v) for v in state["values"]), maxlen=self.window)
+
     def truncate(self, last_step: int) -> None:
         """Forget points after ``last_step`` (the run was rolled back to it)."""
         while self._steps and self._steps[-1] > last_step:
@@ -139,3 +146,9 @@ class PlateauDetector:
     def reset(self) -> None:
         """Start a new window (after the LR changed, or a rollback)."""
         self._values.clear()
+
+    def state_dict(self) -> dict[str, list]:
+        return {"values": list(self._values)}
+
+    def load_state_dict(self, state: dict[str, list]) -> None:
+        self._values = deque((float(v) for v in state["values"]), maxlen=self.window)

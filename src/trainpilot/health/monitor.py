@@ -178,6 +178,45 @@ class HealthMonitor(LossActions):
             self.store.log_event("checkpoint", step, {"good": good})
         return good
 
+    # ------------------------------------------------------------------ checkpointed state
+    def state_dict(self) -> dict[str, Any]:
+        """What the monitor's next judgements depend on, as plain data: the detectors'
+        windows, active alerts and cooldowns, the checkpoints it judged good (rollback
+        targets), the loss curve the forecast fits. Checkpointed per rank with the run (only
+        rank 0's straggler window is fed), so a restarted job's monitor goes on where it was
+        instead of refilling its windows. Not kept: an intervention outcome still due (it is
+        judged one step after the intervention), wall-clock timers."""
+        return {
+            "trend": self.trend.state_dict(), "plateau": self.plateau.state_dict(),
+            "stragglers": self.stragglers.state_dict(), "alerts": self.alerts.state_dict(),
+            "good_steps": list(self.good_steps), "consecutive_flags": self._consecutive_flags,
+            "first_flag_step": self._first_flag_step, "grad_norms": list(self._grad_norms),
+            "losses": [[s, loss, lr] for s, loss, lr in self._losses],
+            "segment_from": self._segment_from, "improvement": self._improvement,
+            "last_lr_change": self._last_lr_change, "last_fault_step": self._last_fault_step,
+            "last_step": self._last_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (a restarted job, or an in-process recovery: the
+        monitor is rewound with the run)."""
+        self.trend.load_state_dict(state["trend"])
+        self.plateau.load_state_dict(state["plateau"])
+        self.stragglers.load_state_dict(state["stragglers"])
+        self.alerts.load_state_dict(state["alerts"])
+        self.good_steps = [int(s) for s in state["good_steps"]]
+        self._consecutive_flags = int(state["consecutive_flags"])
+        self._first_flag_step = state["first_flag_step"]
+        self._grad_norms = deque((float(g) for g in state["grad_norms"]),
+                                 maxlen=self._grad_norms.maxlen)
+        self._losses = [(int(s), float(loss), lr) for s, loss, lr in state["losses"]]
+        self._segment_from = int(state["segment_from"])
+        self._improvement = state["improvement"]
+        self._last_lr_change = int(state["last_lr_change"])
+        self._last_fault_step = state["last_fault_step"]
+        self._last_step = int(state["last_step"])
+        self._state = None
+
     def _current_step(self) -> int:
         return self._state.step if self._state else self._last_step
 

@@ -70,6 +70,15 @@ class StragglerDetector:
     def reset(self) -> None:
         self._history.clear()
 
+    def state_dict(self) -> dict[str, list]:
+        return {"flags": [f.tolist() for f, _ in self._history],
+                "ratios": [r.tolist() for _, r in self._history]}
+
+    def load_state_dict(self, state: dict[str, list]) -> None:
+        self._history = deque(((np.asarray(f, dtype=bool), np.asarray(r, dtype=np.float64))
+                               for f, r in zip(state["flags"], state["ratios"])),
+                              maxlen=self.window)
+
 
 def gather_rank_timings(step: int, *, step_s: float, compute_s: float, comm_s: float = 0.0,
                         data_s: float = 0.0, group=None) -> list[RankTiming] | None:

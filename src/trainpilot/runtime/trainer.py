@@ -121,7 +121,7 @@ class Trainer:
             self.callbacks.append(monitor)
         if monitor is not None and checkpointer is not None and monitor.restore is None:
             # The rollback intervention restores the checkpoint it picked, through ours.
-            monitor.restore = lambda step: self.restore(max_step=step)
+            monitor.restore = lambda step: self.restore(max_step=step, monitor=False)
         if elastic is not None:
             elastic.emit = self.emit
         layout = layout or build_layout(plan, model=model, custom_model=model_factory is not None)
@@ -635,20 +635,30 @@ class Trainer:
 
     def rank_state(self) -> dict[str, Any]:
         """What differs per rank and is not in :meth:`state_dict`: the comm hook's state (top-k
-        residuals). The checkpointer saves it per rank."""
-        return {"comm": self.comm_hook.state_dict() if self.comm_hook is not None else {}}
+        residuals) and the health monitor's (windows, alerts, rollback targets). The
+        checkpointer saves it per rank."""
+        out = {"comm": self.comm_hook.state_dict() if self.comm_hook is not None else {}}
+        if self.monitor is not None:
+            out["monitor"] = self.monitor.state_dict()
+        return out
 
-    def load_rank_state(self, state: dict[str, Any] | None) -> None:
+    def load_rank_state(self, state: dict[str, Any] | None, *, monitor: bool = True) -> None:
+        """``monitor=False``: leave the monitor as it is (its own rollback: it has already
+        rewound itself, and it keeps the alert it acted on)."""
         if state and self.comm_hook is not None and state.get("comm"):
             self.comm_hook.load_state_dict(state["comm"])
+        if state and monitor and self.monitor is not None and state.get("monitor"):
+            self.monitor.load_state_dict(state["monitor"])
 
-    def restore(self, *, max_step: int | None = None, source: str = "auto") -> Any:
+    def restore(self, *, max_step: int | None = None, source: str = "auto",
+                monitor: bool = True) -> Any:
         """Restore the newest checkpoint (at or before ``max_step``) through the checkpointer;
         returns its ``Restored`` or None (nothing saved yet: the initial state is rebuilt).
-        Collective over the checkpointer's group."""
+        ``monitor``: also the health monitor's state. Collective over the checkpointer's
+        group."""
         from trainpilot.runtime.elastic.steps import restore
 
-        return restore(self, max_step=max_step, source=source)
+        return restore(self, max_step=max_step, source=source, monitor=monitor)
 
     def reset(self) -> None:
         """Back to the state at construction (seeded weights, first sample, step 0)."""

@@ -112,9 +112,10 @@ def report_failed_save(trainer: Trainer, *, wait: bool = False) -> None:
 
 
 def restore(trainer: Trainer, *, max_step: int | None = None, source: str = "auto",
-            reset: bool = True) -> Any:
+            reset: bool = True, monitor: bool = True) -> Any:
     """Restore the newest checkpoint at or before ``max_step``; None when nothing was saved
-    yet (then, with ``reset``, the initial state is rebuilt). Collective."""
+    yet (then, with ``reset``, the initial state is rebuilt). ``monitor``: also the health
+    monitor's state (not for the monitor's own rollback). Collective."""
     ckpt = trainer.checkpointer
     if ckpt is None or not _anything_to_restore(trainer):
         if reset:
@@ -127,7 +128,11 @@ def restore(trainer: Trainer, *, max_step: int | None = None, source: str = "aut
             trainer.reset()
         return None
     trainer.load_state_dict(restored.state)
-    trainer.load_rank_state(restored.rank_state)
+    trainer.load_rank_state(restored.rank_state, monitor=monitor)
+    if monitor and trainer.monitor is not None and restored.step not in trainer.monitor.good_steps:
+        # Its state was saved before this checkpoint's own event marked it: judge it now, as
+        # the monitor did then (the same alerts and flags).
+        trainer.monitor.mark_checkpoint(restored.step, log=False)
     return restored
 
 
