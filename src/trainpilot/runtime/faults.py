@@ -31,8 +31,8 @@ collective  rank, step: the next collective of ``step`` raises :class:`InjectedC
 nan         rank, step, [at=backward|grad]: a NaN in this rank's gradient. ``backward`` (a NaN
             computed on this rank): the gradient flowing into the model's output becomes NaN in
             backward, so it spreads to every gradient and, through the gradient reduction, to
-            every replica. ``grad``: one element of this rank's gradient
-            becomes NaN after the reduction, on this rank only (silent corruption).
+            every replica. ``grad``: one element of this rank's gradient becomes NaN after the
+            reduction, on this rank only (silent corruption).
 =========== ======================================================================================
 """
 

@@ -372,7 +372,7 @@ class Trainer:
                              torch.tensor(float(nonfinite), device=device)])
         num_moe = self.spec.num_moe_layers if self.spec is not None else 0
         out = StepStats(stats, nonfinite=nonfinite, num_moe=num_moe,
-                     strict=not self.scaler.is_enabled())
+                        strict=not self.scaler.is_enabled())
         if not self.layout.is_distributed:
             return out
         rank, faults = self.layout.rank, self.faults

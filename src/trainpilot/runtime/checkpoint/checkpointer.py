@@ -59,6 +59,7 @@ class SaveHandle:
     staged: Future  # done when the host snapshot is complete (see Checkpointer.fence)
     report: SaveReport
     error_seen: bool = False  # the caller got the error from result(): do not raise it again
+    fenced: bool = False  # fence() has waited for this save's copy (its wait is counted once)
 
     def done(self) -> bool:
         return self.future.done()
@@ -198,12 +199,12 @@ class Checkpointer:
         (added to that save's ``stall_s``). After ``save(overlap=True)``, call it before
         changing any tensor of the saved state. Instant when nothing is being copied."""
         handle = self._inflight
-        if handle is None or handle.report.fence_done:
+        if handle is None or handle.fenced:
             return 0.0
         start = time.perf_counter()
         wait_futures([handle.staged])  # an error surfaces through result(), not here
         waited = time.perf_counter() - start
-        handle.report.fence_done, handle.report.fence_s = True, waited
+        handle.fenced, handle.report.fence_s = True, waited
         handle.stall_s += waited
         handle.report.stall_s += waited
         return waited

@@ -82,7 +82,6 @@ class SaveReport:
     overlapped: bool = False  # the tensor copy ran on the writer thread (save(overlap=True))
     copy_s: float = 0.0  # that copy's duration, off the caller's thread
     fence_s: float = 0.0  # of stall_s: fence() waiting for that copy
-    fence_done: bool = False
     exchange_s: float = 0.0
     write_s: float = 0.0
     to_storage: bool = False

@@ -201,11 +201,12 @@ def fill_snapshot(snap: HostSnapshot, pending: list[tuple[Entry, torch.Tensor]])
     with torch.no_grad():
         for entry, local in pending:
             snap.view(entry).copy_(local, non_blocking=local.device.type != "cpu")
-    if any(local.device.type != "cpu" for _, local in pending):
+    if not on_host(pending):
         torch.accelerator.synchronize()
 
 
 def on_host(pending: list[tuple[Entry, torch.Tensor]]) -> bool:
+    """Whether every tensor still to copy is in host memory (copies need no device sync)."""
     return all(local.device.type == "cpu" for _, local in pending)
 
 
