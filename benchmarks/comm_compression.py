@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainpilot.runtime.procexit import run_and_end
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # name -> CommOptions fields
@@ -247,4 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_end(main)

@@ -33,6 +33,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from trainpilot.runtime.procexit import run_and_end
+
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = {  # name -> plan.comm overrides
     "flat": "",
@@ -176,4 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_and_end(main)

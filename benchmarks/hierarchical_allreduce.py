@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainpilot.runtime.procexit import run_and_end
+
 RESULTS = Path(__file__).resolve().parent / "results"
 NODES, PER_NODE = 2, 2
 
@@ -443,4 +445,4 @@ def print_tables(result: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_end(main)

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainpilot.runtime.procexit import run_and_end
+
 RESULTS = Path(__file__).parent / "results" / "trainer_vs_ddp.txt"
 MODEL = "tiny-gpt"
 PLAN = "dp=2,zero=0,micro_batch_size=8,global_batch_size={gbs},seq_len=64"
@@ -168,4 +170,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_end(main)

@@ -14,6 +14,7 @@ from trainpilot.runtime.comm.fsdp import fsdp_modules
 from trainpilot.runtime.comm.counters import process_bytes_written
 from trainpilot.runtime.config import TrainConfig
 from trainpilot.runtime.parallelize import full_parameters
+from trainpilot.runtime.procexit import run_and_end
 from trainpilot.runtime.trainer import Trainer
 from trainpilot.specs import CommOptions, SpecError, load_model, load_plan
 
@@ -137,4 +138,4 @@ SCENARIOS = {"fsdp": scenario_fsdp}
 
 
 if __name__ == "__main__":
-    main(SCENARIOS)
+    run_and_end(lambda: main(SCENARIOS))

@@ -23,6 +23,7 @@ from trainpilot.runtime.comm import (
     make_comm_hook,
 )
 from trainpilot.runtime.comm.counters import CommCounters, process_bytes_written
+from trainpilot.runtime.procexit import run_and_end
 from trainpilot.specs import ClusterSpec, CommOptions
 
 
@@ -372,4 +373,4 @@ def main(scenarios: dict | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_and_end(main)

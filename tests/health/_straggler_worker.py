@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from trainpilot.health.monitor import HealthMonitor, StepRecord
 from trainpilot.health.stragglers import StragglerDetector, gather_rank_timings
 from trainpilot.health.toyrun import ToyTrainer
+from trainpilot.runtime.procexit import run_and_end
 from trainpilot.store import RunStore
 
 NUM_STEPS, SLOW_RANK, EXTRA_S = 14, 1, 0.050  # 50 ms: a clear straggler even on a loaded host
@@ -71,4 +72,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_and_end(main)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from trainpilot.health.stragglers import StragglerDetector, step_ratios
+from trainpilot.runtime.local_ranks import run_local_ranks
 from trainpilot.store import RunStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,22 +42,12 @@ def test_detector_needs_consistency_and_the_ratio():
 @pytest.mark.dist
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_one_slowed_is_flagged_from_compute_time(tmp_path):
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.health._straggler_worker", str(rank),
-                               "2", str(store.port), str(tmp_path)], cwd=REPO, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True) for rank in range(2)]
-    try:
-        outputs = [p.communicate(timeout=100)[0].decode() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    ranks = run_local_ranks(
+        lambda rank, port: [sys.executable, "-m", "tests.health._straggler_worker", str(rank),
+                            "2", str(port), str(tmp_path)],
+        2, timeout_s=100, cwd=REPO, env=dict(PYTHONPATH=str(REPO)),
+        logs=[tmp_path / f"rank{rank}.log" for rank in range(2)])
+    assert ranks.ok, ranks.describe()
     result = json.loads((tmp_path / "result.json").read_text())
     first = result["alerts"][0]
     assert first["rank"] == 1 and first["slowdown"] >= 1.2

@@ -15,8 +15,9 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
+
+from trainpilot.runtime.procexit import run_and_end
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,9 +81,5 @@ def _child(scenario: str, rank: int, world_size: int, store: str, workdir: str, 
 
 
 if __name__ == "__main__":
-    try:
-        _child(*sys.argv[1:2], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:7])
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    run_and_end(lambda: _child(*sys.argv[1:2], int(sys.argv[2]), int(sys.argv[3]),
+                               *sys.argv[4:7]))

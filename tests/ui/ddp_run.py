@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
+
+from trainpilot.runtime.procexit import run_and_end
 
 
 def _lr_lambda(warmup: int, total: int):
@@ -145,4 +146,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_and_end(main)

@@ -257,4 +257,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from trainpilot.runtime.procexit import run_and_end
+
+    run_and_end(main)

@@ -1,0 +1,72 @@
+"""Ending a distributed worker process: everything Python's exit does, except the teardown.
+
+Why: with torch 2.13, a gloo process group usually outlives ``destroy_process_group`` (gloo
+has no ``shutdown``; DTensor's caches keep the DeviceMesh and its groups, and importing
+``torch._dynamo`` keeps the default group), so the group's worker threads are still alive when
+the interpreter finalizes. If one of them releases the last reference to a collective's tensor
+then, it must take the GIL to drop the tensor's Python object; a thread that asks for the GIL
+during finalization is ended with ``pthread_exit``, whose unwinding through a ``noexcept``
+destructor calls ``std::terminate``: "terminate called without an active exception" and
+SIGABRT, in a process that had finished its work (a core dump of the crash shows exactly this
+stack: ``ProcessGroupGloo::runLoop`` -> ``~AsyncAllreduceWork`` -> ``decref_pyobject`` ->
+``gil_scoped_acquire`` -> ``take_gil`` -> ``PyThread_exit_thread``). torchrun then reports the
+finished job as failed.
+
+``end_process`` does what a normal exit does while the interpreter is intact (join non-daemon
+threads, run ``atexit`` handlers, which include ``logging.shutdown``, flush the standard
+streams) and then leaves with ``os._exit``, skipping module teardown and the garbage collection
+of finalization: the threads are stopped with the process instead.
+``tests/runtime/test_procexit.py`` reproduces the abort with a plain ``sys.exit`` and shows that
+``end_process`` avoids it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import traceback
+from typing import Callable, NoReturn
+
+
+def end_process(code: int = 0, *, join_threads: bool = True) -> NoReturn:
+    """Exit with ``code`` after joining non-daemon threads (not with ``join_threads=False``: a
+    failed process must not wait for a thread stuck in a dead collective), running the
+    ``atexit`` handlers and flushing stdout and stderr; never returns."""
+    if join_threads:
+        current = threading.current_thread()
+        for thread in threading.enumerate():
+            if thread is not current and not thread.daemon:
+                thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass  # closed or replaced: nothing left to lose
+    os._exit(code)
+
+
+def exit_code(err: SystemExit) -> int:
+    """The status ``sys.exit(x)`` would give: 0 for None, the int, else 1 (``x`` printed)."""
+    if err.code is None:
+        return 0
+    if isinstance(err.code, int):
+        return err.code
+    print(err.code, file=sys.stderr)
+    return 1
+
+
+def run_and_end(main: Callable[[], int | None]) -> NoReturn:
+    """``sys.exit(main())`` for a process that used torch.distributed: an exception prints its
+    traceback and exits 1, as Python would, but every path leaves through :func:`end_process`
+    (without waiting for other threads after an exception)."""
+    try:
+        code = main() or 0
+    except SystemExit as err:
+        code = exit_code(err)
+    except BaseException:  # noqa: BLE001 - reported like the interpreter would, then exit 1
+        traceback.print_exc()
+        end_process(1, join_threads=False)
+    end_process(code)
