@@ -33,6 +33,9 @@ def test_end_process_joins_threads_runs_atexit_flushes_and_skips_teardown(tmp_pa
             time.sleep(0.3)
             (out / "thread").write_text("joined")
         threading.Thread(target=late).start()
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(1)  # never shut down: must not hang the exit
+        pool.submit(print, end="")
         class Finalized:
             def __del__(self, out=out):
                 (out / "finalized").write_text("teardown ran")

@@ -31,14 +31,13 @@ from typing import Callable, NoReturn
 
 
 def end_process(code: int = 0, *, join_threads: bool = True) -> NoReturn:
-    """Exit with ``code`` after joining non-daemon threads (not with ``join_threads=False``: a
-    failed process must not wait for a thread stuck in a dead collective), running the
-    ``atexit`` handlers and flushing stdout and stderr; never returns."""
+    """Exit with ``code`` after waiting for non-daemon threads (as the interpreter does: its
+    thread-exit hooks first, so an executor nobody shut down lets its workers go; not with
+    ``join_threads=False``: a failed process must not wait for a thread stuck in a dead
+    collective), running the ``atexit`` handlers and flushing stdout and stderr; never
+    returns."""
     if join_threads:
-        current = threading.current_thread()
-        for thread in threading.enumerate():
-            if thread is not current and not thread.daemon:
-                thread.join()
+        threading._shutdown()  # what Py_FinalizeEx runs first, and all of it that is safe here
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
