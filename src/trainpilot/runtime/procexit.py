@@ -31,12 +31,12 @@ from typing import Callable, NoReturn
 
 
 def end_process(code: int = 0, *, join_threads: bool = True) -> NoReturn:
-    """Exit with ``code`` after waiting for non-daemon threads (as the interpreter does: its
-    thread-exit hooks first, so an executor nobody shut down lets its workers go; not with
-    ``join_threads=False``: a failed process must not wait for a thread stuck in a dead
-    collective), running the ``atexit`` handlers and flushing stdout and stderr; never
-    returns."""
-    if join_threads:
+    """Exit with ``code`` as Python would, minus the teardown: wait for non-daemon threads (the
+    interpreter's own ``threading._shutdown``, which first lets an executor nobody shut down
+    stop), run the ``atexit`` handlers, flush stdout and stderr, then ``os._exit``. No wait
+    with ``join_threads=False`` (a failed process must not hang on a thread stuck in a dead
+    collective) or off the main thread (the wait would include the caller)."""
+    if join_threads and threading.current_thread() is threading.main_thread():
         threading._shutdown()  # what Py_FinalizeEx runs first, and all of it that is safe here
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
