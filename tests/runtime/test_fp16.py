@@ -137,14 +137,14 @@ def test_every_rank_skips_the_same_step(tmp_path):
     # all-reduce, so both ranks compute step 2 again, each deciding alone ...
     assert [rank["dp_backward"]["attempts"] for rank in res] == [[1, 2, 1]] * 2
     assert [rank["dp_backward"]["fired"] for rank in res] == [[], [(1, "backward")]]
-    # ... while one changed after the reduction (rank 1 only) makes them disagree: both stop
-    # with the error instead of one rank stepping and the other recomputing.
     for name in ("fsdp", "tp", "pp"):  # the same holds in every layout, whichever rank
         for bad in (0, 1):
             runs = [rank[f"{name}_backward_{bad}"] for rank in res]
             assert [run["attempts"] for run in runs] == [[1, 2, 1]] * 2, (name, bad, runs)
             assert [run["fired"] for run in runs] == [
                 [(bad, "backward")] if r == bad else [] for r in (0, 1)], (name, bad)
+    # ... while one changed after the reduction (rank 1 only) makes them disagree: both stop
+    # with the error instead of one rank stepping and the other recomputing.
     assert [rank["dp_grad"]["fired"] for rank in res] == [[], [(1, "grad")]]
     for rank in res:
         assert rank["dp_grad"]["attempts"] == [1] and "1 of 2 ranks" in rank["dp_grad"]["error"]

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainpilot.runtime.local_ranks import LocalRanksResult, run_local_ranks
+from benchmarks.exit_abort import ABORT, run_pair
 
 REPO = Path(__file__).resolve().parents[2]
-ABORT = "terminate called without an active exception"
 
 
 def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -71,22 +70,15 @@ def test_run_and_end_exit_codes(tmp_path, body, code, stderr):
     assert stderr in result.stderr
 
 
-def _pair(how: str, tmp_path: Path) -> LocalRanksResult:
-    return run_local_ranks(
-        lambda rank, port: [sys.executable, "-m", "tests.runtime._exit_worker", str(rank),
-                            str(port), how],
-        2, timeout_s=60, cwd=REPO, env=dict(PYTHONPATH=str(REPO)),
-        logs=[tmp_path / f"{how}.rank{rank}.log" for rank in range(2)])
-
-
 @pytest.mark.dist
 @pytest.mark.timeout(240)
 def test_gloo_threads_finishing_during_teardown_abort_sys_exit_but_not_end_process(tmp_path):
-    # Negative control: the hazard is real. Measured here: rank 0 aborted in 18 of 20 tries
-    # with sys.exit (0 of 20 with end_process); 12 tries make missing it very unlikely.
+    # The scenario of benchmarks/exit_abort.py. Negative control first: the hazard is real
+    # (that benchmark's measured rate is in benchmarks/results/exit_abort.txt); 12 tries make
+    # missing it very unlikely.
     aborted = None
     for _ in range(12):
-        result = _pair("sys_exit", tmp_path)
+        result = run_pair("sys_exit", tmp_path)
         assert result.returncodes[1] == 0 and not result.timed_out, result.describe()
         if result.returncodes[0] == -signal.SIGABRT:
             aborted = result.outputs[0]
@@ -94,6 +86,6 @@ def test_gloo_threads_finishing_during_teardown_abort_sys_exit_but_not_end_proce
         assert result.returncodes[0] == 0, result.describe()
     assert aborted is not None and ABORT in aborted, "the abort never happened in 12 tries"
     for _ in range(3):
-        result = _pair("end_process", tmp_path)
+        result = run_pair("end_process", tmp_path)
         assert result.ok, result.describe()
         assert "rank 0 leaving" in result.outputs[0]

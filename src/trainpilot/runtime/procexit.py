@@ -16,8 +16,8 @@ finished job as failed.
 threads, run ``atexit`` handlers, which include ``logging.shutdown``, flush the standard
 streams) and then leaves with ``os._exit``, skipping module teardown and the garbage collection
 of finalization: the threads are stopped with the process instead.
-``tests/runtime/test_procexit.py`` reproduces the abort with a plain ``sys.exit`` and shows that
-``end_process`` avoids it.
+``benchmarks/exit_abort.py`` reproduces the abort with a plain ``sys.exit`` and measures that
+``end_process`` avoids it; ``tests/runtime/test_procexit.py`` runs the same scenario.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def end_process(code: int = 0, *, join_threads: bool = True) -> NoReturn:
     os._exit(code)
 
 
-def exit_code(err: SystemExit) -> int:
+def _exit_code(err: SystemExit) -> int:
     """The status ``sys.exit(x)`` would give: 0 for None, the int, else 1 (``x`` printed)."""
     if err.code is None:
         return 0
@@ -64,7 +64,7 @@ def run_and_end(main: Callable[[], int | None]) -> NoReturn:
     try:
         code = main() or 0
     except SystemExit as err:
-        code = exit_code(err)
+        code = _exit_code(err)
     except BaseException:  # noqa: BLE001 - reported like the interpreter would, then exit 1
         traceback.print_exc()
         end_process(1, join_threads=False)
