@@ -84,10 +84,14 @@ def test_bad_launch_input_exits_2(extra, match, capsys, tmp_path):
     assert not (tmp_path / "r").exists()  # refused before the run directory was made
 
 
-def test_run_dir_holding_a_run_is_refused(tmp_path, capsys):
+def test_resume_from_a_step_without_that_checkpoint_is_refused(tmp_path, capsys):
+    # A run directory that holds a run resumes by default (tests/external); asking for a
+    # checkpoint it does not have is bad input, refused before anything starts.
     (tmp_path / "metrics.jsonl").write_text("{}\n")
-    code = main(["train", "--model", "tiny-gpt", "--plan", PLAN, "--run-dir", str(tmp_path)])
-    assert code == 2 and "already holds a run" in capsys.readouterr().err
+    code = main(["train", "--model", "tiny-gpt", "--plan", PLAN, "--run-dir", str(tmp_path),
+                 "--resume", "5"])
+    assert code == 2 and "no checkpoint at step 5; valid: none" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
 def test_dry_run_reports_each_ranks_share(capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,25 @@ def register(subparsers) -> None:
                             "(kinds: crash, hang, slow, corrupt, truncate, missing, enospc, "
                             "collective, nan; see docs/elastic.md)")
     group.add_argument("--recovery", choices=["in_process", "restart"],
-                       help="on a failure: rebuild the group and restore from memory in "
-                            "process (default), or exit and let torchrun --max-restarts "
-                            "restart every rank")
+                       help="on a failure that leaves every process alive: rebuild the group "
+                            "and restore from memory in process (default), or exit and let "
+                            "torchrun restart every rank (a dead rank always means a restart)")
+    group.add_argument("--no-recovery", action="store_true",
+                       help="fail on the first fault: no torchrun restarts, no in-process "
+                            "recovery (default: both, up to --max-restarts 3)")
+    group.add_argument("--resume", default="auto", metavar="auto|never|STEP",
+                       help="on a run directory that holds a run: continue from its newest "
+                            "valid checkpoint (auto, the default), from checkpoint STEP, or "
+                            "start over (never: the old run is moved to RUN_DIR/previous/)")
+    group.add_argument("--preempt-signals", default="TERM", metavar="SIG[,SIG]",
+                       help="signals that trigger a last-moment checkpoint and a clean exit "
+                            "(code 128+signal); e.g. TERM,USR1 (default TERM)")
+    group.add_argument("--preempt-deadline", type=float, default=20.0, metavar="S",
+                       help="seconds the last-moment checkpoint may take (default 20; torchrun "
+                            "kills workers 30 s after forwarding the signal)")
+    group.add_argument("--skip-memory-check", action="store_true",
+                       help="launch even if the cost model predicts the plan does not fit in "
+                            "memory")
     group.add_argument("--heartbeat-timeout", type=float, metavar="S",
                        help="declare a rank failed after S seconds without a heartbeat "
                             "(default 3)")
@@ -145,24 +162,40 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args, model, plan, cluster)
     config = _config(args)
-    from trainpilot.runtime.launch import launch
+    from trainpilot.runtime.degrade import QuietStream
+    from trainpilot.runtime.launch import RunPreempted, TrainingFailed, launch
+
+    # A log file on a full disk must not end the launcher (and with it the job).
+    sys.stdout, sys.stderr = QuietStream(sys.stdout), QuietStream(sys.stderr)
 
     run_dir = Path(args.run_dir or Path("runs") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     if not args.json:
         console.print(f"[bold]train[/] {model.name} · plan world size {plan.world_size} · "
                       f"{config.steps} steps → {run_dir}")
     progress = None if args.json else _progress(config.steps)
+    note = progress.note if progress else (lambda line: err_console.print(line, soft_wrap=True))
     try:
-        if progress:
-            progress.start()
         elastic = {field: getattr(args, flag) for flag, field in _ELASTIC_FLAGS.items()
                    if getattr(args, flag) is not None}
+        signals = tuple(s.strip().upper().removeprefix("SIG")
+                        for s in args.preempt_signals.split(",") if s.strip())
         summary = launch(model=model, plan=plan, config=config, run_dir=run_dir, options=args,
                          cluster=cluster, callbacks=args.callback,
-                         on_record=progress.on_record if progress else None,
+                         on_record=progress.on_record if progress else None, on_note=note,
                          inject=args.inject, elastic=elastic, health=not args.no_health,
-                         health_config=args.health_config, checkpoint=not args.no_checkpoint)
-    except RuntimeError as err:
+                         health_config=args.health_config, checkpoint=not args.no_checkpoint,
+                         resume=args.resume, recovery=not args.no_recovery,
+                         memory_check=not args.skip_memory_check, preempt_signals=signals,
+                         preempt_deadline_s=args.preempt_deadline,
+                         on_launch=progress.start if progress else None)
+    except RunPreempted as err:
+        if progress:
+            progress.stop()
+        err_console.print(f"[bold yellow]{err}[/]", soft_wrap=True)
+        return err.exit_code
+    except (TrainingFailed, RuntimeError) as err:
+        if progress:
+            progress.stop()
         err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
         return EXIT_FAILURE
     finally:
@@ -172,8 +205,33 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print_train_summary(summary)
+        if not summary.get("already_complete"):
+            print_train_summary(summary)
+        console.print(final_line(summary), soft_wrap=True)
     return 0
+
+
+def final_line(summary: dict[str, Any]) -> str:
+    """One honest line: complete, and from which faults it recovered."""
+    if summary.get("already_complete"):
+        return f"nothing to do: {summary['run_dir']} already completed {summary.get('steps')} steps"
+    faults = summary.get("faults") or []
+    recoveries = summary.get("recoveries") or []
+    resumed = [r for r in recoveries if r.get("reason") == "resume"]
+    recovered = [r for r in recoveries if r.get("reason") != "resume"]
+    line = f"completed {summary.get('steps')} steps"
+    if resumed:
+        line += "; resumed from step " + ", ".join(str(r.get("restored_step")) for r in resumed)
+    if faults or recovered:
+        named = [f"{f.get('kind')} of rank {f.get('rank')} at step {f.get('step')} "
+                 f"({'external' if f.get('source') == 'external' else 'injected'})"
+                 for f in faults]
+        line += (f"; recovered {len(recovered)} time(s) from {len(faults)} fault(s)"
+                 + (f": {'; '.join(named)}" if named else ""))
+    if summary.get("checkpoint_errors"):
+        line += (f"; {summary['checkpoint_errors']} checkpoint save(s) failed (the warnings "
+                 "above say why)")
+    return line
 
 
 class _progress(Progress):
@@ -183,6 +241,10 @@ class _progress(Progress):
         super().__init__(TextColumn("[bold]step"), BarColumn(), MofNCompleteColumn(),
                          TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console)
         self.task = self.add_task("train", total=steps, info="starting processes...")
+
+    def note(self, line: str) -> None:
+        """A line above the bar (where the run resumes from, a full disk)."""
+        self.console.print(line, soft_wrap=True, style="yellow" if "warning" in line else None)
 
     def on_record(self, record: dict) -> None:
         if record.get("kind") == "step":

@@ -53,6 +53,10 @@ class StragglerDetector:
     def update(self, compute_s: Sequence[float]) -> list[Straggler]:
         """Add one step's per-rank compute times (index = rank); return current stragglers."""
         ratio, z = step_ratios(compute_s)
+        if self._history and len(self._history[-1][1]) != len(ratio):
+            # The world size changed (an elastic resize): rank r is not the same process any
+            # more, so its window starts again.
+            self._history.clear()
         flagged = ratio >= self.ratio
         if len(ratio) >= 4:
             flagged &= z >= self.z

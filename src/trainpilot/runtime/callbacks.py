@@ -78,22 +78,26 @@ class Callback:
 
 
 class JsonlMetrics(Callback):
-    """Rank 0 appends one JSON line per step (and per event) to ``path``. Lines are flushed as
-    written, so a reader tailing the file (the launcher's progress bar) sees whole lines."""
+    """Rank 0 appends one JSON line per step (and per event) to ``path``, and to ``mirror``
+    when given (the launcher's node-local stream: it must reach the launcher when the run's
+    disk is full). Lines are flushed as written, so a reader tailing the file (the launcher's
+    progress bar) sees whole lines; lines the disk refuses are kept and written later."""
 
-    def __init__(self, path: str | os.PathLike, *, rank: int = 0):
+    def __init__(self, path: str | os.PathLike, *, rank: int = 0,
+                 mirror: str | os.PathLike | None = None, on_degraded: Any = None):
+        from trainpilot.runtime.degrade import LineFile
+
         self.path = Path(path)
         self.active = rank == 0
-        self._handle = None
+        self._files = [LineFile(self.path, on_degraded=on_degraded)]
+        if mirror is not None:
+            self._files.append(LineFile(Path(mirror)))
 
     def _write(self, data: dict[str, Any]) -> None:
         if not self.active:
             return
-        if self._handle is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handle = open(self.path, "a", encoding="utf-8")
-        self._handle.write(json.dumps(data) + "\n")
-        self._handle.flush()
+        for handle in self._files:
+            handle.write(data)
 
     def on_step_end(self, trainer: Trainer, record: StepRecord) -> None:
         self._write(dict(kind="step", **record.to_dict()))
@@ -103,13 +107,13 @@ class JsonlMetrics(Callback):
 
     def on_train_end(self, trainer: Trainer, summary: dict[str, Any]) -> None:
         self._write(dict(kind="end", **summary))
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        for handle in self._files:
+            handle.close()
 
 
 # Event kinds the runtime emits, and the severity the run store records them with.
 _SEVERITY = {"fault": "critical", "failure_detected": "critical", "restart": "warning",
+             "disk_full": "critical", "preempted": "warning",
              "checkpoint_failed": "warning", "collective_retry": "warning",
              "nonfinite_recompute": "warning", "nonfinite_loss": "critical"}
 
@@ -132,6 +136,9 @@ class RunRecorder(Callback):
         self.journal = journal  # a FaultInjector (its fired() reads the shared journal)
         self.monitor_logs_metrics = monitor_logs_metrics
         self._ingested = self._journal_lines_in_store()
+        path = getattr(journal, "journal_path", None)
+        self.launcher_journal = path.parent / "launcher.jsonl" if path is not None else None
+        self._launcher_lines = self._launcher_lines_in_store()
         self._pending_restart: dict[str, Any] | None = None
         self._last_fault = self._unrecovered_fault()
 
@@ -140,6 +147,13 @@ class RunRecorder(Callback):
             return 0
         lines = [e.payload.get("journal_line", -1) for e in self.store.events(kinds=["fault"])]
         return max(lines, default=-1) + 1
+
+    def _launcher_lines_in_store(self) -> int:
+        if self.store is None:
+            return 0
+        seen = [e.payload.get("launcher_line", -1)
+                for e in self.store.events(kinds=["attempt_start", "worker_end"])]
+        return max(seen, default=-1) + 1
 
     def _unrecovered_fault(self) -> dict[str, Any] | None:
         """The newest fault after the last ``recovered`` event: the one a restarted process
@@ -158,11 +172,35 @@ class RunRecorder(Callback):
         records = self.journal.fired()
         for line, rec in enumerate(records[self._ingested:], start=self._ingested):
             self._last_fault = rec
+            external = rec.get("source") == "external"
+            message = (f"observed {rec.get('kind')} of rank {rec.get('rank')}: "
+                       f"{rec.get('evidence')}" if external else f"injected {rec.get('fault')}")
             self.store.log_event("fault", rec.get("step"), dict(rec, journal_line=line),
                                  severity="critical", name=rec.get("kind", ""),
-                                 message=f"injected {rec.get('fault')}",
-                                 time_s=rec.get("time_unix_s"))
+                                 message=message, time_s=rec.get("time_unix_s"))
         self._ingested = max(self._ingested, len(records))
+        self._ingest_launcher()
+
+    def _ingest_launcher(self) -> None:
+        """The launcher's own records (``launcher.jsonl``: attempts torchrun started, workers
+        that ended) as events, so an attempt that died during start-up is on record too."""
+        if self.launcher_journal is None or not self.launcher_journal.exists():
+            return
+        lines = self.launcher_journal.read_text().splitlines()
+        for line_no, raw in enumerate(lines[self._launcher_lines:], start=self._launcher_lines):
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if rec.get("kind") not in ("attempt_start", "worker_end"):
+                continue
+            msg = (f"torchrun attempt {rec.get('attempt')} started" if rec["kind"] ==
+                   "attempt_start" else f"attempt {rec.get('attempt')}: rank {rec.get('rank')} "
+                   f"{rec.get('evidence')}")
+            self.store.log_event(rec["kind"], None, dict(rec, launcher_line=line_no),
+                                 severity="info" if rec["kind"] == "attempt_start" else "warning",
+                                 name=rec["kind"], message=msg, time_s=rec.get("time_unix_s"))
+        self._launcher_lines = max(self._launcher_lines, len(lines))
 
     def on_train_start(self, trainer: Trainer) -> None:
         self.ingest_journal()

@@ -96,18 +96,81 @@ class Fault:
         return f"{self.kind}:{args}"
 
 
-def parse_faults(spec: str) -> list[Fault]:
-    """Parse ``kind:key=value,...;kind:...``; bad input raises SpecError naming the field."""
+def parse_faults(spec: str, *, world_size: int | None = None,
+                 num_steps: int | None = None) -> list[Fault]:
+    """Parse ``kind:key=value,...;kind:...``; bad input raises SpecError naming the field.
+    With ``world_size`` and ``num_steps``, a fault that could never fire (rank 99 of 2, step
+    500 of 100) is bad input too."""
     faults = []
     for index, part in enumerate(p.strip() for p in spec.split(";")):
         if not part:
             continue
         kind, _, args = part.partition(":")
         kind = kind.strip()
+        if kind == "chaos":
+            raise SpecError(f"inject[{index}]", part, "chaos:... is expanded by the launcher "
+                            "(expand_chaos) into concrete faults first")
         if kind not in KINDS:
-            raise SpecError(f"inject[{index}]", kind, f"unknown fault; valid: {', '.join(KINDS)}")
-        faults.append(Fault(kind=kind, index=index, params=_params(kind, index, args)))
+            raise SpecError(f"inject[{index}]", kind,
+                            f"unknown fault; valid: {', '.join(KINDS)}, chaos")
+        fault = Fault(kind=kind, index=index, params=_params(kind, index, args))
+        params = dict(fault.params)
+        if world_size is not None and params.get("rank", 0) >= world_size:
+            raise SpecError(f"inject[{index}].rank", params["rank"],
+                            f"the job has {world_size} rank(s); valid: 0-{world_size - 1}")
+        if num_steps is not None and not 1 <= params.get("step", 1) <= num_steps:
+            raise SpecError(f"inject[{index}].step", params["step"],
+                            f"the run has {num_steps} steps; valid: 1-{num_steps}")
+        faults.append(fault)
     return faults
+
+
+# chaos:rate=R,kinds=a+b,seed=S,first=F: R faults per step on average (exponential gaps).
+CHAOS_KEYS = {"rate": float, "kinds": str, "seed": int, "first": int}
+
+
+def expand_chaos(spec: str, *, num_steps: int, world_size: int, seed: int = 0) -> str:
+    """Replace each ``chaos:...`` part of ``spec`` with the seeded schedule it stands for
+    (:mod:`trainpilot.runtime.elastic.chaos`): ``rate`` faults per step on average, of the
+    ``kinds`` given (``+``-separated; default: all), on uniformly drawn ranks, from step
+    ``first`` (default 2). The same spec, steps, world size and seed give the same faults."""
+    from trainpilot.runtime.elastic.chaos import DEFAULT_KINDS, chaos_inject, chaos_schedule
+
+    out = []
+    for index, part in enumerate(p.strip() for p in spec.split(";")):
+        kind, _, args = part.partition(":")
+        if kind.strip() != "chaos":
+            if part:
+                out.append(part)
+            continue
+        given: dict[str, Any] = {}
+        for item in filter(None, (a.strip() for a in args.split(","))):
+            key, eq, raw = item.partition("=")
+            if key not in CHAOS_KEYS or not eq:
+                raise SpecError(f"inject[{index}].{key}", item,
+                                f"chaos takes {', '.join(f'{k}=' for k in CHAOS_KEYS)}")
+            try:
+                given[key] = CHAOS_KEYS[key](raw)
+            except ValueError:
+                raise SpecError(f"inject[{index}].{key}", raw, "not a number") from None
+        rate = given.get("rate")
+        if rate is None or not 0 < rate <= 1:
+            raise SpecError(f"inject[{index}].rate", rate if rate is not None else "<missing>",
+                            "faults per step; valid: 0 < rate <= 1")
+        kinds = tuple(given.get("kinds", "+".join(DEFAULT_KINDS)).split("+"))
+        from trainpilot.runtime.elastic.chaos import fault_spec
+
+        for name in kinds:
+            try:
+                fault_spec(name, rank=0, step=1)
+            except ValueError as err:
+                raise SpecError(f"inject[{index}].kinds", name, str(err)) from None
+        schedule = chaos_schedule(seed=given.get("seed", seed), num_steps=num_steps,
+                                  mean_gap_steps=1.0 / rate, world_size=world_size, kinds=kinds,
+                                  first_step=given.get("first", 2))
+        if schedule:
+            out.append(chaos_inject(schedule))
+    return ";".join(out)
 
 
 def _params(kind: str, index: int, args: str) -> tuple[tuple[str, Any], ...]:
@@ -197,18 +260,10 @@ class FaultInjector:
         record = {"kind": fault.kind, "fault": fault.id, "index": fault.index,
                   "pid": os.getpid(), "time_unix_s": time.time(), **details}
         self._counts[fault.index] += 1
-        line = (json.dumps(record, default=str) + "\n").encode()
         if self.journal_path is None:
             self._memory.append(record)
         else:
-            # One O_APPEND write per record, fsync'd: the record survives the crash it announces.
-            self.journal_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            append_journal(self.journal_path, record)
         if self.sink is not None:
             self.sink(record)
 
@@ -336,6 +391,29 @@ class FaultInjector:
                           else step_dir / f"data_r{fault.get('rank')}_0.bin")
                 damage_file(target, fault.kind)
                 self._fire(fault, rank=rank, step=step, point=point, path=str(target))
+
+
+def append_journal(path: str | os.PathLike, record: dict[str, Any], *, fsync: bool = True,
+                   ) -> bool:
+    """Append one JSON line to a journal shared by processes: one ``O_APPEND`` write (whole
+    lines never interleave), fsync'd by default so the record survives the crash it announces.
+    Returns False when the disk refused it (full): a journal must never end training."""
+    line = (json.dumps(record, default=str) + "\n").encode()
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        return False
+    return True
 
 
 def damage_file(path: Path, how: str) -> None:

@@ -10,15 +10,24 @@ is torchrun's c10d rendezvous. A single-node job with no rendezvous options runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
+from trainpilot.runtime.rundir import PREEMPTED, check_usable, clear_preempted, decide, inspect
+from trainpilot.runtime.watchdog import (
+    ENV_DIR, ENV_LAUNCHER, Watchdog, signal_name, watch_dir_for)
+from trainpilot.runtime.workerjob import WorkerJob
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
+
+# torchrun restarts of the whole group after a rank dies, unless the user says otherwise.
+DEFAULT_MAX_RESTARTS = 3
 
 # torchrun options that do not apply: we always start our own worker module.
 _NOT_FORWARDED = {"help", "module", "no_python", "run_path", "training_script",
@@ -43,6 +52,12 @@ def add_torchrun_arguments(parser: argparse.ArgumentParser) -> None:
                 action.default = os.environ.get("PET_NPROC_PER_NODE")
                 action.help = (action.help or "") + " (trainpilot default: the plan's " \
                     "dp*tp*pp*cp on a single node)"
+            elif action.dest == "max_restarts":
+                # Unset means trainpilot's default (fault tolerance on), not torchrun's 0.
+                action.default = os.environ.get("PET_MAX_RESTARTS")
+                action.help = (f"Maximum number of worker group restarts before failing "
+                               f"(trainpilot default: {DEFAULT_MAX_RESTARTS}; 0 or "
+                               "--no-recovery: none).")
             group._add_action(action)
 
 
@@ -81,27 +96,39 @@ def _nnodes(args: argparse.Namespace) -> int | None:
 
 
 def prepare(*, model: ModelSpec, plan: Plan, options: argparse.Namespace | dict | None,
-            worker_job: dict[str, Any]) -> argparse.Namespace:
+            job: WorkerJob) -> argparse.Namespace:
     """Check the plan against the launch (processes, backend) and build torchrun's namespace.
     Raises SpecError before anything starts. ``--nproc-per-node`` defaults to the plan's size
     on one node."""
     from trainpilot.runtime.layout import check_runtime, default_backend
 
-    args = torchrun_namespace(options, ["--job", json.dumps(worker_job)])
+    args = torchrun_namespace(options, ["--job-file", str(job.path())])
     nnodes = _nnodes(args)
     if args.nproc_per_node is None:
         args.nproc_per_node = str(plan.world_size) if nnodes == 1 else "1"
     nproc = _nproc(args)
     world = nproc * nnodes if nproc is not None and nnodes is not None else None
     check_runtime(model, plan, backend=default_backend(), world_size=world)
-    config = worker_job.get("config") or {}
-    if config.get("data", "markov") != "markov":
+    if job.config.data != "markov":
         from trainpilot.runtime.data import TokenFileDataset
 
         # Open it here too: a missing or malformed file is bad input, not a failed run.
-        TokenFileDataset(config["data"], seq_len=plan.seq_len, vocab_size=model.vocab_size,
-                         dtype=config.get("data_dtype", "uint16"))
+        TokenFileDataset(job.config.data, seq_len=plan.seq_len, vocab_size=model.vocab_size,
+                         dtype=job.config.data_dtype)
     return args
+
+
+class TrainingFailed(RuntimeError):
+    """The run failed (its message is the final line: which rank, which fault)."""
+
+
+class RunPreempted(RuntimeError):
+    """The run stopped on a preemption signal after its last-moment checkpoint (or without
+    one, past the deadline). ``exit_code`` is ``128 + signal``."""
+
+    def __init__(self, message: str, exit_code: int, step: int | None):
+        super().__init__(message)
+        self.exit_code, self.step = exit_code, step
 
 
 def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
@@ -109,23 +136,95 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
            callbacks: list[str] = (), on_record: Callable[[dict], None] | None = None,
            inject: str | None = None, elastic: dict[str, Any] | None = None,
            health: bool = True, health_config: str | None = None, checkpoint: bool = True,
-           ) -> dict[str, Any]:
+           resume: str = "auto", recovery: bool = True, memory_check: bool = True,
+           preempt_signals: tuple[str, ...] = ("TERM",), preempt_deadline_s: float = 20.0,
+           on_note: Callable[[str], None] | None = None,
+           on_launch: Callable[[], None] | None = None) -> dict[str, Any]:
     """Train under torchrun; returns the run's summary (rank 0's ``summary.json``).
 
-    ``on_record`` is called in this process with each line rank 0 appends to ``metrics.jsonl``
-    (steps and events), e.g. to drive a progress bar. ``inject``: faults to inject (the
-    ``--inject`` spec of :mod:`trainpilot.runtime.faults`); ``elastic``: ElasticConfig fields;
-    ``health=False`` runs without the health monitor, ``checkpoint=False`` without
-    checkpoints. Raises SpecError for bad input and RuntimeError when a worker fails.
+    ``resume``: ``auto`` (continue an existing run from its newest valid checkpoint), ``never``
+    (start over; the old run is moved to ``RUN_DIR/previous/``) or a checkpoint step.
+    ``recovery`` (default on): torchrun restarts the group after a rank dies (3 times unless
+    ``--max-restarts`` says otherwise) and failures that leave every process alive are
+    recovered in process; off: the first fault fails the run. ``on_record`` is called in this
+    process with each record rank 0 streams (steps and events, e.g. for a progress bar),
+    ``on_note`` with each line worth telling the user (where the run resumes from, a full
+    disk), ``on_launch`` once just before the processes start. ``inject``: faults to inject (``--inject``: see :mod:`trainpilot.runtime.faults`;
+    ``chaos:...`` expands to a seeded schedule). Raises SpecError for bad input (before
+    anything starts), TrainingFailed when the run fails and RunPreempted when a signal stopped
+    it.
     """
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run as torchrun
 
+    note = on_note or (lambda line: None)
     run_dir = Path(run_dir).resolve()
-    if inject:
-        from trainpilot.runtime.faults import parse_faults
+    inject = _check_options(inject, elastic, health_config, callbacks, config=config, plan=plan)
+    elastic = dict(elastic or {})
+    if not recovery:
+        elastic.setdefault("recovery", "restart")
+    check_usable(run_dir)
+    job = WorkerJob(model=model, plan=plan, config=config, cluster=cluster, run_dir=str(run_dir),
+                    callbacks=list(callbacks), inject=inject, elastic=elastic, health=health,
+                    health_config=health_config, checkpoint=checkpoint,
+                    preempt_signals=list(preempt_signals), preempt_deadline_s=preempt_deadline_s)
+    args = prepare(model=model, plan=plan, options=options, job=job)
+    if memory_check:
+        from trainpilot.runtime.memfit import check_memory, require_fit
 
-        parse_faults(inject)  # bad specs are bad input: exit 2 before anything starts
+        nproc = _nproc(args) or 1
+        require_fit(check_memory(model, plan, cluster=cluster, ranks_on_node=nproc,
+                                 device_type=_device_type()))
+    if not args.standalone and resume != "auto":
+        raise SpecError("--resume", resume, "a multi-node job resumes with auto only (every "
+                        "node's launcher reads the same run directory)")
+    decision = decide(inspect(run_dir), resume, job.to_dict())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for line in decision.notes:
+        note(line)
+    if decision.complete:
+        return dict(json.loads((run_dir / "summary.json").read_text()), already_complete=True)
+    clear_preempted(run_dir)
+    _apply_defaults(args, run_dir, recovery=recovery, options=options)
+    job.write()
+    watch = watch_dir_for(os.getpid())
+    env = _worker_env(args, watch, preempt_signals)
+    dog = Watchdog(watch, run_dir=run_dir,
+                   timeout_s=float(elastic.get("heartbeat_timeout_s", 3.0))).start()
+    tail = _Tail([watch / "stream.jsonl", run_dir / "metrics.jsonl"], on_record, note) \
+        if (on_record or on_note) else None
+    failure: BaseException | None = None
+    if on_launch is not None:
+        on_launch()
+    try:
+        with _environ(env), _agent_logs_to(run_dir / "logs" / "launcher.log"):
+            torchrun(args)
+    except ChildFailedError as err:
+        failure = err
+    except SignalException as err:
+        failure = err
+    finally:
+        dog.stop()
+        if tail:
+            tail.stop()
+    try:
+        return _outcome(run_dir, watch, dog, failure, args)
+    finally:
+        shutil.rmtree(watch, ignore_errors=True)
+
+
+def _check_options(inject: str | None, elastic: dict[str, Any] | None,
+                   health_config: str | None, callbacks, *, config, plan: Plan) -> str:
+    """Validate everything the workers would only find wrong after seconds of start-up;
+    returns the fault spec with any ``chaos:`` part expanded."""
+    spec = ""
+    if inject:
+        from trainpilot.runtime.faults import expand_chaos, parse_faults
+
+        spec = expand_chaos(inject, num_steps=config.steps, world_size=plan.world_size,
+                            seed=config.seed)
+        parse_faults(spec, world_size=plan.world_size, num_steps=config.steps)
     if elastic:
         from trainpilot.runtime.elastic import ElasticConfig
 
@@ -134,60 +233,197 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
         from trainpilot.health.config import load_health_config
 
         load_health_config(health_config)
-    job = dict(model=model.to_dict(), plan=plan.to_dict(), config=config.to_dict(),
-               run_dir=str(run_dir), cluster=cluster.to_dict() if cluster else None,
-               callbacks=list(callbacks), inject=inject or "", elastic=dict(elastic or {}),
-               health=health, health_config=health_config, checkpoint=checkpoint)
-    args = prepare(model=model, plan=plan, options=options, worker_job=job)
-    # A single-node run starts in an empty folder. The agents of a multi-node or elastic job
-    # (--nnodes, --rdzv-*) share one run directory: a node joining later finds it in use.
-    if args.standalone and ((run_dir / "metrics.jsonl").exists()
-                            or (run_dir / "summary.json").exists()):
-        raise SpecError("--run-dir", str(run_dir), "already holds a run; valid: a new or empty "
-                        "folder")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank: no oversubscription
+    for ref in callbacks:
+        _check_callback(ref)
+    return spec
+
+
+def _check_callback(ref: str) -> None:
+    import importlib
+
+    module_name, sep, attr = ref.partition(":")
+    try:
+        ok = bool(sep) and callable(getattr(importlib.import_module(module_name), attr, None))
+    except Exception:  # noqa: BLE001 - any import failure is the user's module's
+        ok = False
+    if not ok:
+        raise SpecError("--callback", ref, "not an importable 'package.module:factory'")
+
+
+def _device_type() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _apply_defaults(args: argparse.Namespace, run_dir: Path, *, recovery: bool,
+                    options: argparse.Namespace | dict | None) -> None:
+    """Fault tolerance on by default, and the workers' output in files (C++ stack frames of a
+    recovered failure belong in a log, not in the user's terminal)."""
+    given = vars(options) if isinstance(options, argparse.Namespace) else dict(options or {})
+    if not recovery:
+        args.max_restarts = 0
+    elif given.get("max_restarts") is None:  # not given: trainpilot's default, not torchrun's 0
+        args.max_restarts = DEFAULT_MAX_RESTARTS
+    if not given.get("log_dir"):
+        args.log_dir = str(run_dir / "logs")
+    if given.get("redirects") in (None, "0") and given.get("tee") in (None, "0"):
+        args.redirects = "3"
+
+
+def _worker_env(args: argparse.Namespace, watch: Path, signals: tuple[str, ...]) -> dict[str, str]:
+    env = {ENV_DIR: str(watch), ENV_LAUNCHER: str(os.getpid())}
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = "1"  # one thread per rank: no oversubscription
     if int(args.max_restarts) > 0:
         # Restarted workers otherwise may read the previous attempt's addresses from the shared
         # rendezvous store and fail to connect (pytorch#135712).
-        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    watcher = _Tail(run_dir / "metrics.jsonl", on_record) if on_record else None
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # torchrun's agent forwards the signals it handles to the workers: make sure the
+    # preemption signals are among them.
+    handled = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    names = [n.strip() for n in handled.split(",") if n.strip()]
+    names += [f"SIG{s}" for s in signals if f"SIG{s}" not in names]
+    env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(names)
+    return env
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        torchrun(args)
-    except ChildFailedError as err:
-        raise RuntimeError(f"training failed: {_first_failure(err)}; logs: {run_dir}") from None
+        yield
     finally:
-        if watcher:
-            watcher.stop()
-    summary_path = run_dir / "summary.json"
-    if not summary_path.exists():
-        raise RuntimeError(f"training ended without a summary; see {run_dir}")
-    return json.loads(summary_path.read_text())
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def _agent_logs_to(path: Path) -> Iterator[None]:
+    """torchrun's agent logs (its restarts, the signals it sends) into ``path`` instead of the
+    terminal: the final line says what happened."""
+    import logging
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(path)
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    names = ["torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"]
+    saved = []
+    for name in names:
+        logger = logging.getLogger(name)
+        saved.append((logger, logger.handlers[:], logger.propagate, logger.level))
+        logger.handlers = [handler]
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic.") and name not in names:
+            sub = logging.getLogger(name)
+            saved.append((sub, sub.handlers[:], sub.propagate, sub.level))
+            sub.handlers = []
+            sub.propagate = True
+    try:
+        yield
+    finally:
+        for logger, handlers, propagate, level in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+            logger.setLevel(level)
+        handler.close()
+
+
+def _outcome(run_dir: Path, watch: Path, dog: Watchdog, failure: BaseException | None,
+             args: argparse.Namespace) -> dict[str, Any]:
+    """The run's summary, or the exception that says how it ended."""
+    preempted = _read_json(run_dir / PREEMPTED)
+    if preempted is not None:
+        sig = preempted.get("signal") or "SIGTERM"
+        raise RunPreempted(f"preempted by {sig}: step {preempted['step']} saved "
+                           f"({preempted.get('checkpoint') or 'checkpoints/'}); the same command "
+                           "resumes from it", int(preempted.get("exit_code", 143)),
+                           preempted.get("step"))
+    summary = _read_json(run_dir / "summary.json") or _read_json(watch / "summary.json")
+    if failure is None and summary is not None:
+        summary["watchdog"] = [o.line() for o in dog.faults()]
+        return summary
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    if isinstance(failure, SignalException):
+        code = 128 + int(failure.sigval)
+        raise RunPreempted(f"stopped by {signal_name(int(failure.sigval))} before a last-moment "
+                           f"checkpoint was saved; the newest checkpoint stands (logs: "
+                           f"{args.log_dir})", code, None)
+    raise TrainingFailed(failure_message(dog, failure, run_dir, args))
+
+
+def failure_message(dog: Watchdog, failure: BaseException | None, run_dir: Path,
+                    args: argparse.Namespace) -> str:
+    """One line: the root cause (the earliest fault, whichever rank), the restarts used, where
+    the logs are."""
+    first = dog.first_failure()
+    restarts = int(args.max_restarts)
+    used = max((o.attempt for o in dog.observations), default=0)
+    if first is not None:
+        cause = first.line()
+        if first.kind == "exit" and first.reason == "bad_input":
+            return cause  # a worker's one-line error (e.g. no valid checkpoint)
+    elif failure is not None:
+        cause = _first_failure(failure)
+    else:
+        cause = "the workers ended without a summary"
+    tried = (f"; restarts used: {used} of {restarts}" if restarts else
+             "; no restarts (--no-recovery or --max-restarts 0)")
+    return f"training failed: {cause}{tried}; logs: {args.log_dir}"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _first_failure(err) -> str:
+    """The earliest failure torchrun reports (by time, not by rank number)."""
     failures = getattr(err, "failures", {}) or {}
-    for rank, failure in sorted(failures.items()):
-        message = failure.message
-        message = message if isinstance(message, str) else json.dumps(message)
-        return f"rank {rank} exited with code {failure.exitcode}" + (
-            f" ({message.splitlines()[0][:200]})" if message and message != "<N/A>" else "")
-    return str(err).splitlines()[0]
+    if not failures:
+        return str(err).splitlines()[0]
+    rank, failure = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+    message = failure.message
+    message = message if isinstance(message, str) else json.dumps(message)
+    how = (f"killed by {signal_name(-failure.exitcode)}" if failure.exitcode < 0
+           else f"exited with code {failure.exitcode}")
+    return f"rank {rank} {how}" + (
+        f" ({message.splitlines()[0][:200]})" if message and message != "<N/A>" else "")
 
 
 class _Tail:
-    """Follow a JSON-lines file written by another process; call ``callback`` per line."""
+    """Follow JSON-lines files written by another process (the first of ``paths`` that
+    exists: the node-local stream, else the run's metrics file); call ``callback`` per
+    record and ``note`` for warnings worth a line (a full disk)."""
 
-    def __init__(self, path: Path, callback: Callable[[dict], None], *, period_s: float = 0.2):
-        self.path, self.callback, self.period_s = path, callback, period_s
+    def __init__(self, paths: list[Path], callback: Callable[[dict], None] | None,
+                 note: Callable[[str], None] | None = None, *, period_s: float = 0.2):
+        self.paths, self.callback, self.note, self.period_s = paths, callback, note, period_s
+        self.path: Path | None = None
         self._stop = threading.Event()
         self._offset = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _poll(self) -> None:
-        if not self.path.exists():
-            return
+        if self.path is None:
+            self.path = next((p for p in self.paths if p.exists()), None)
+            if self.path is None:
+                return
+            if self.path.name == "metrics.jsonl":
+                self._offset = 0
         with open(self.path, "rb") as handle:
             handle.seek(self._offset)
             while True:
@@ -195,14 +431,48 @@ class _Tail:
                 if not line.endswith(b"\n"):  # a line still being written: read it next time
                     break
                 self._offset += len(line)
-                self.callback(json.loads(line))
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line torn by a full disk
+                self._deliver(record)
+
+    def _deliver(self, record: dict) -> None:
+        if self.note is not None and record.get("kind") in ("disk_full", "store_recovered",
+                                                           "checkpoint_failed"):
+            self.note(_warning_line(record))
+        if self.callback is not None:
+            self.callback(record)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._poll()
+            try:
+                self._poll()
+            except OSError:
+                pass
             time.sleep(self.period_s)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        self._poll()  # the last lines
+        try:
+            self._poll()  # the last lines
+        except OSError:
+            pass
+
+
+def _warning_line(record: dict) -> str:
+    kind = record.get("kind")
+    if kind == "disk_full":
+        return f"warning: disk full: {record.get('message')}"
+    if kind == "store_recovered":
+        return (f"the run store writes again after {record.get('after_s')} s "
+                f"({record.get('mount')})")
+    err = record.get("error", "")
+    if record.get("errno") in (28, 122):
+        from trainpilot.runtime.degrade import describe_disk
+
+        where = describe_disk(record) if record.get("mount") else "the checkpoint disk"
+        return (f"warning: disk full: {where}: checkpoint step {record.get('step')} was not "
+                "written to storage; it is kept in host memory and a peer's only")
+    return f"warning: checkpoint step {record.get('step')} failed: {err}"

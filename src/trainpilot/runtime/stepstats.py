@@ -1,6 +1,7 @@
 """The step's statistics all-reduce, in flight.
 
-One small all-reduce per step carries (loss, MoE aux loss, non-finite flag). The Trainer issues
+One small all-reduce per step carries (loss, MoE aux loss, non-finite flag, preemption
+flag). The Trainer issues
 it asynchronously after the gradient norm and collects it after the optimizer update, so it
 overlaps the update instead of being a sync point before it. Every rank decides alone whether
 the gradient is finite (from the norm of the reduced gradients, the same on every rank); the
@@ -27,6 +28,7 @@ class StepStats:
         self.replicas, self.world, self.retries = 1, 1, 0
         self.phase: Callable[[str], None] | None = None
         self._result: tuple[float, float | None] | None = None
+        self.num_preempted = 0  # ranks that received a preemption signal (see runtime.preempt)
 
     def wait(self, step: int) -> tuple[float, float | None]:
         if self._result is not None:
@@ -46,6 +48,7 @@ class StepStats:
                 f"step {step}: {num_bad} of {self.world} ranks saw a non-finite gradient norm "
                 f"(this rank: {'non-finite' if self.nonfinite else 'finite'}); the reduced "
                 "gradients differ between ranks (changed after the reduction?)")
+        self.num_preempted = round(float(stats[3])) if stats.numel() > 3 else 0
         aux = float(stats[1]) / self.replicas / self.num_moe if self.num_moe else None
         self._result = float(stats[0]) / self.replicas, aux
         return self._result

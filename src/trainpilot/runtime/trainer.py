@@ -107,13 +107,16 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), loss_fn: Callable | None = None,
                  predicted_step_time_s: float | None = None, cluster: ClusterSpec | None = None,
                  checkpointer: Any = None, faults: Any = None, monitor: Any = None,
-                 elastic: Any = None, comm_hook: bool = True):
+                 elastic: Any = None, comm_hook: bool = True, preempt: Any = None):
         if (model is None) == (model_factory is None):
             raise ValueError("give exactly one of model (a ModelSpec) and model_factory")
         self.plan, self.config, self.spec = plan, config, model
         self.model_factory, self.cluster = model_factory, cluster
         self.checkpointer, self.faults, self.monitor, self.elastic = (
             checkpointer, faults, monitor, elastic)
+        self.preempt = preempt  # a PreemptGuard: its signal stops the run after a checkpoint
+        self.preempt_checkpoint: str | None = None  # the last-moment checkpoint's folder
+        self.preempt_signal = ""  # which signal stopped the run (any rank's)
         self.use_comm_hook = comm_hook
         self.loss_fn = loss_fn or token_cross_entropy
         self.callbacks = list(callbacks)
@@ -368,8 +371,10 @@ class Trainer:
         device = self.layout.device
         aux = sum((m.take_aux_loss().to(device) for m in self.model.moe_layers()),
                   torch.zeros((), device=device))
+        preempt = float(self.preempt is not None and self.preempt.requested)
         stats = torch.stack([loss.float().to(device), aux.float(),
-                             torch.tensor(float(nonfinite), device=device)])
+                             torch.tensor(float(nonfinite), device=device),
+                             torch.tensor(preempt, device=device)])
         num_moe = self.spec.num_moe_layers if self.spec is not None else 0
         out = StepStats(stats, nonfinite=nonfinite, num_moe=num_moe,
                         strict=not self.scaler.is_enabled())
@@ -465,6 +470,8 @@ class Trainer:
             self.emit("loss_scale_skip", dict(step=step, grad_norm=grad_norm,
                                               new_scale=self.scaler.get_scale()))
         loss_value, aux = stats.wait(step)
+        if stats.num_preempted:  # a rank was signalled: every rank stops after this step
+            self.stop_reason = "preempted"
         comm = self.comm_hook.end_step() if self.comm_hook is not None else None
         _synchronize(self.layout.device)
         # A wait for the checkpoint copy is the checkpoint's stall, not the step's.
@@ -556,7 +563,7 @@ class Trainer:
         process resumes), and one is saved every ``checkpoint_every`` steps. With an elastic
         session a failure is recovered in process and training goes on."""
         from trainpilot.runtime.elastic.steps import (
-            recover_or_raise, report_failed_save, resume, save_if_due)
+            recover_or_raise, report_failed_save, resume, save_if_due, save_now)
 
         target = steps if steps is not None else self.config.steps
         for cb in self.callbacks:
@@ -571,6 +578,10 @@ class Trainer:
                 save_if_due(self)
             except Exception as err:  # noqa: BLE001 - recover_or_raise re-raises what it cannot
                 recover_or_raise(self, err)
+        if self.stop_reason == "preempted":
+            self.emit("preempted", dict(step=self.step, signal=self.preempt.signal_name
+                                        if self.preempt is not None else None))
+            save_now(self)
         if self.checkpointer is not None:
             self._phase("collective")
             report_failed_save(self, wait=True)

@@ -344,6 +344,7 @@ class Checkpointer:
                 found = self._try_storage(name, flat_template, strict, skipped)
                 if found is not None:
                     return self._finish(found, "storage", start, restore_rng, skipped)
+        self.last_skipped = skipped  # why nothing restored (read by the caller's message)
         return None
 
     def _try_storage(self, name: str, template: dict, strict: bool, skipped: list[str]):

@@ -12,13 +12,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
 from trainpilot.runtime.checkpoint.layout import committed
+from trainpilot.runtime.preempt import Preempted
 
 if TYPE_CHECKING:
     from trainpilot.runtime.trainer import Trainer
+
+
+class NoValidCheckpoint(RuntimeError):
+    """Checkpoints exist but none of them can be restored: the run must not silently start
+    over from step 0 (the user says so with ``--resume never``)."""
+
+    def __init__(self, root: Any, skipped: list[str]):
+        self.skipped = skipped
+        detail = "; ".join(skipped[:3]) or "none passed verification"
+        super().__init__(f"no valid checkpoint in {root} ({detail}); valid: --resume never to "
+                         "start over (the old run is moved to previous/), or repair them")
 
 
 def _anything_to_restore(trainer: Trainer) -> bool:
@@ -36,7 +49,7 @@ def resume(trainer: Trainer) -> Any:
     :meth:`ElasticSession.recover`."""
     if trainer.checkpointer is None:
         return None
-    restored = restore(trainer, reset=False)
+    restored = restore(trainer, reset=False, fail_if_none=True)
     elastic = trainer.elastic
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     replacement = elastic is not None and elastic.is_replacement
@@ -82,6 +95,36 @@ def save_if_due(trainer: Trainer) -> Any:
     return handle
 
 
+def save_now(trainer: Trainer) -> Any:
+    """Save this step to storage and wait until it is durable (the last-moment checkpoint of
+    a preemption). Reuses a save of this very step that already went to storage."""
+    ckpt = trainer.checkpointer
+    if ckpt is None or trainer.step == 0:
+        return None
+    # Which signal it was: the rank that received it may not be this one.
+    mine = trainer.preempt.signal_name if trainer.preempt is not None else ""
+    trainer.preempt_signal = next((s for s in ckpt.group.all_gather(mine) if s), "")
+    last = getattr(trainer, "_last_save", None)
+    if last is not None and last.step == trainer.step and last.report.to_storage:
+        ckpt.wait()
+        trainer.preempt_checkpoint = last.report.path
+        return last
+    report_failed_save(trainer, wait=True)
+    trainer._phase("collective")
+    handle = ckpt.save(trainer.step, trainer.state_dict(rng=False),
+                       rank_state=trainer.rank_state(), to_storage=True, overlap=False)
+    trainer.num_saves += 1
+    trainer._last_save = handle
+    report = ckpt.wait()
+    trainer._phase("compute")
+    trainer.preempt_checkpoint = report.path if report is not None else None
+    trainer.emit("checkpoint", dict(step=trainer.step, stall_s=handle.stall_s,
+                                    wait_s=handle.wait_s, to_storage=True, last_moment=True,
+                                    in_memory_peer=ckpt.config.in_memory_peer,
+                                    previous=None, overlapped=False))
+    return handle
+
+
 def _written(handle: Any) -> dict[str, Any] | None:
     """How long the previous save took to become durable in the background (peer copy,
     storage write) and what it wrote; None if it is still running or failed."""
@@ -107,15 +150,23 @@ def report_failed_save(trainer: Trainer, *, wait: bool = False) -> None:
     handle._reported = True
     err = handle.future.exception()
     if err is not None:
+        from trainpilot.runtime.degrade import disk_of
+
+        code = getattr(err, "errno", None)
+        where = disk_of(trainer.checkpointer.root) if code in (28, 122) else {}
         trainer.emit("checkpoint_failed", dict(step=handle.step, error=str(err)[:300],
-                                               errno=getattr(err, "errno", None)))
+                                               errno=code, **where))
 
 
 def restore(trainer: Trainer, *, max_step: int | None = None, source: str = "auto",
-            reset: bool = True, monitor: bool = True) -> Any:
+            reset: bool = True, monitor: bool = True, fail_if_none: bool | None = None) -> Any:
     """Restore the newest checkpoint at or before ``max_step``; None when nothing was saved
     yet (then, with ``reset``, the initial state is rebuilt). ``monitor``: also the health
-    monitor's state (not for the monitor's own rollback). Collective."""
+    monitor's state (not for the monitor's own rollback). Collective.
+
+    When checkpoints exist but none restores, :class:`NoValidCheckpoint` is raised
+    (``fail_if_none``, the default unless ``max_step`` is given: a rollback to before the first
+    checkpoint is a rollback to the initial state)."""
     ckpt = trainer.checkpointer
     if ckpt is None or not _anything_to_restore(trainer):
         if reset:
@@ -124,8 +175,10 @@ def restore(trainer: Trainer, *, max_step: int | None = None, source: str = "aut
     restored = ckpt.restore_latest(trainer.state_dict(rng=False), source=source,
                                    max_step=max_step)
     if restored is None:
-        if reset:
-            trainer.reset()
+        if fail_if_none if fail_if_none is not None else max_step is None:
+            raise NoValidCheckpoint(ckpt.root, list(getattr(ckpt, "last_skipped", None) or []))
+        # The template above initialised the optimizer's state: build it afresh.
+        trainer.reset()
         return None
     trainer.load_state_dict(restored.state)
     trainer.load_rank_state(restored.rank_state, monitor=monitor)
@@ -142,13 +195,17 @@ def recover_or_raise(trainer: Trainer, err: BaseException) -> None:
     from trainpilot.runtime.elastic.retry import is_recoverable
     from trainpilot.runtime.elastic.session import JoinTimeout
 
+    guard = trainer.preempt
     while True:
         if (trainer.elastic is None or not trainer.elastic.can_recover()
                 or not is_recoverable(err) or isinstance(err, JoinTimeout)):
             raise err
         try:
-            info = trainer.elastic.recover(trainer, err)
+            with guard.during_failure() if guard is not None else contextlib.nullcontext():
+                info = trainer.elastic.recover(trainer, err)
         except Exception as again:  # noqa: BLE001 - judged by the loop
+            if isinstance(again, Preempted):
+                raise
             err = again
             continue
         trainer.emit("restart", info)
