@@ -15,6 +15,7 @@ import copy
 import json
 import os
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from trainpilot.runtime.rundir import PREEMPTED, check_usable, clear_preempted, decide, inspect
 from trainpilot.runtime.watchdog import (
-    ENV_DIR, ENV_LAUNCHER, Watchdog, signal_name, watch_dir_for)
+    ENV_DIR, ENV_LAUNCHER, Observation, Watchdog, signal_name, watch_dir_for)
 from trainpilot.runtime.workerjob import WorkerJob
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
@@ -118,6 +119,15 @@ def prepare(*, model: ModelSpec, plan: Plan, options: argparse.Namespace | dict 
     return args
 
 
+class WorkerBadInput(SpecError):
+    """Bad input only a worker could see (e.g. every checkpoint fails its checksums): its
+    one-line error, exit 2."""
+
+    def __init__(self, line: str):
+        self.field, self.value, self.valid, self.source = "worker", None, line, None
+        ValueError.__init__(self, line)
+
+
 class TrainingFailed(RuntimeError):
     """The run failed (its message is the final line: which rank, which fault)."""
 
@@ -190,7 +200,7 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
     job.write()
     watch = watch_dir_for(os.getpid())
     env = _worker_env(args, watch, preempt_signals)
-    dog = Watchdog(watch, run_dir=run_dir,
+    dog = Watchdog(watch, run_dir=run_dir, on_observation=_StopOnBadInput(),
                    timeout_s=float(elastic.get("heartbeat_timeout_s", 3.0))).start()
     tail = _Tail([watch / "stream.jsonl", run_dir / "metrics.jsonl"], on_record, note) \
         if (on_record or on_note) else None
@@ -212,6 +222,19 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
         return _outcome(run_dir, watch, dog, failure, args)
     finally:
         shutil.rmtree(watch, ignore_errors=True)
+
+
+class _StopOnBadInput:
+    """A worker refused its input: restarting cannot help, so end the launch once (torchrun's
+    agent stops its workers on the launcher's SIGTERM; the outcome reports the worker's line)."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def __call__(self, obs: Observation) -> None:
+        if obs.kind == "exit" and obs.reason == "bad_input" and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _check_options(inject: str | None, elastic: dict[str, Any] | None,
@@ -347,6 +370,9 @@ def _outcome(run_dir: Path, watch: Path, dog: Watchdog, failure: BaseException |
                            f"({preempted.get('checkpoint') or 'checkpoints/'}); the same command "
                            "resumes from it", int(preempted.get("exit_code", 143)),
                            preempted.get("step"))
+    bad = [o for o in dog.observations if o.kind == "exit" and o.reason == "bad_input"]
+    if bad:
+        raise WorkerBadInput(bad[0].message)
     summary = _read_json(run_dir / "summary.json") or _read_json(watch / "summary.json")
     if failure is None and summary is not None:
         summary["watchdog"] = [o.line() for o in dog.faults()]

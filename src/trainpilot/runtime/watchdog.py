@@ -9,7 +9,8 @@ node-local folder (``TRAINPILOT_WATCH_DIR``, in ``/dev/shm`` when it exists):
 * each worker registers (``rank<R>.json``: pid, attempt) and a :class:`Beacon` thread bumps a
   counter in ``rank<R>.beat`` every ``interval_s``;
 * the :class:`Watchdog` thread reads the process state (``/proc/<pid>/stat``): a rank stopped
-  (SIGSTOP, state ``T``) or frozen (alive, counter unchanged) for ``timeout_s`` is killed
+  (SIGSTOP, state ``T``) for ``timeout_s``, or frozen (alive, counter unchanged: every thread
+  stuck, e.g. a deadlock holding the GIL) for ``max(30 s, 10 x timeout_s)``, is killed
   (SIGKILL), so torchrun restarts the group and every rank restores;
 * a worker that ends leaves a child the launcher may look at without reaping it
   (``waitid(..., WNOWAIT)``): its exit code or signal. A worker that ends on its own first writes
@@ -189,6 +190,9 @@ class Watchdog:
                  on_observation: Callable[[Observation], None] | None = None):
         self.dir, self.run_dir = directory, run_dir
         self.timeout_s, self.poll_s, self.kill_hung = timeout_s, poll_s, kill_hung
+        # A stopped process (state T) is certain; a beacon that stops moving may also be a long
+        # operation holding the GIL, so that verdict waits longer.
+        self.frozen_timeout_s = max(30.0, 10.0 * timeout_s)
         self.on_observation = on_observation
         self.workers: dict[int, WorkerView] = {}  # pid -> view
         self.observations: list[Observation] = []
@@ -283,7 +287,7 @@ class Watchdog:
                                  f"{now - view.stopped_since:.1f} s")
             return
         view.stopped_since = None
-        if view.count >= 0 and now - view.changed_at > self.timeout_s:
+        if view.count >= 0 and now - view.changed_at > self.frozen_timeout_s:
             self._hung(view, f"frozen: alive (state {state}) but its beacon has not moved for "
                              f"{now - view.changed_at:.1f} s")
 
@@ -315,16 +319,18 @@ class Watchdog:
         elif code is not None:
             what = f"exited with code {code} without saying why"
         else:
-            what = "disappeared"
+            what = "ended (its exit status was collected by torchrun)"
         kind = "crash"
         if view.was_stopped:
             kind, what = "hang", f"was stopped (SIGSTOP), then {what} (declared failed by a peer)"
-        elif sig == signal.SIGKILL:
+        elif sig in (signal.SIGKILL, None) and code is None:
+            # A SIGKILL nobody here sent, or an end whose status torchrun reaped first: the
+            # kernel's OOM killer if its counter rose meanwhile.
             kills = _oom_kills()
             if kills is not None and self._oom_kills is not None and kills > self._oom_kills:
                 kind = "oom"
-                what += (" by the kernel's out-of-memory killer (/proc/vmstat oom_kill "
-                         f"{self._oom_kills} -> {kills})")
+                what = ("killed by the kernel's out-of-memory killer (/proc/vmstat oom_kill "
+                        f"{self._oom_kills} -> {kills})")
             self._oom_kills = kills
         if sig in (signal.SIGTERM, signal.SIGINT) and not view.was_stopped:
             # torchrun's agent ends a group that way (a restart, or its own shutdown); a

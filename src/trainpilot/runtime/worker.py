@@ -323,7 +323,6 @@ def _data_info(dataset) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     from trainpilot.runtime.checkpoint.restore import TemplateMismatch
     from trainpilot.runtime.degrade import QuietStream
-    from trainpilot.runtime.elastic.steps import NoValidCheckpoint
     from trainpilot.runtime.preempt import Preempted
     from trainpilot.runtime.watchdog import die_with_launcher
 
@@ -342,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
             # hang diagnosis needs first, without stopping the process.
             faulthandler.register(signal.SIGUSR1, all_threads=True)
         outcome = run_worker(job, beacon=beacon, guard=guard)
-    except (SpecError, NoValidCheckpoint, TemplateMismatch) as err:
-        line = str(err) if isinstance(err, SpecError) else f"{type(err).__name__}: {err}"
+    except (SpecError, TemplateMismatch) as err:
+        line = str(err) if isinstance(err, SpecError) else (
+            f"the checkpoint does not match this job's model or layout: {err}")
         print(f"error: {line}", file=sys.stderr)
         beacon.record_exit(2, "bad_input", line)
         return 2

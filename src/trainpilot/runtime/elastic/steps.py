@@ -18,20 +18,22 @@ from typing import TYPE_CHECKING, Any
 
 from trainpilot.runtime.checkpoint.layout import committed
 from trainpilot.runtime.preempt import Preempted
+from trainpilot.specs.errors import SpecError
 
 if TYPE_CHECKING:
     from trainpilot.runtime.trainer import Trainer
 
 
-class NoValidCheckpoint(RuntimeError):
+class NoValidCheckpoint(SpecError):
     """Checkpoints exist but none of them can be restored: the run must not silently start
     over from step 0 (the user says so with ``--resume never``)."""
 
     def __init__(self, root: Any, skipped: list[str]):
         self.skipped = skipped
         detail = "; ".join(skipped[:3]) or "none passed verification"
-        super().__init__(f"no valid checkpoint in {root} ({detail}); valid: --resume never to "
-                         "start over (the old run is moved to previous/), or repair them")
+        super().__init__("--resume", "auto", f"no valid checkpoint in {root} ({detail}); "
+                         "valid: --resume never to start over (the old run is moved to "
+                         "previous/), or repair them")
 
 
 def _anything_to_restore(trainer: Trainer) -> bool:
