@@ -77,6 +77,32 @@ class Job:
             time.sleep(0.05)
         raise TimeoutError(f"step {step} not reached; output:\n{self.output()[-3000:]}")
 
+    def registered(self, attempt: int) -> dict[int, int]:
+        """rank -> pid of the workers of torchrun attempt ``attempt`` that registered with the
+        launcher's watchdog and are still alive."""
+        out = {}
+        for folder in Path("/dev/shm").glob(f"trainpilot-{self.pid}-*"):
+            for path in folder.glob("rank*.json"):
+                if ".exit." in path.name:
+                    continue
+                try:
+                    info = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if info.get("attempt") == attempt and _state(info["pid"]) not in (None, "Z"):
+                    out[int(info["rank"])] = int(info["pid"])
+        return out
+
+    def wait_registered(self, attempt: int, n: int, timeout: float = 90.0) -> dict[int, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.registered(attempt)
+            if len(found) >= n:
+                return found
+            self._check_alive()
+            time.sleep(0.05)
+        raise TimeoutError(f"attempt {attempt} did not start; output:\n{self.output()[-3000:]}")
+
     def beacon_step(self, *, attempt: int | None = None) -> int:
         """The step rank 0's beacon reports (0 before it starts)."""
         best = 0

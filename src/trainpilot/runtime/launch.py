@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 from trainpilot.runtime.rundir import PREEMPTED, check_usable, clear_preempted, decide, inspect
 from trainpilot.runtime.watchdog import (
-    ENV_DIR, ENV_LAUNCHER, Observation, Watchdog, signal_name, watch_dir_for)
+    ENV_DIR, ENV_LAUNCHER, AgentExitReports, Observation, Watchdog, signal_name, watch_dir_for)
 from trainpilot.runtime.workerjob import WorkerJob
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
@@ -208,7 +208,8 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
     if on_launch is not None:
         on_launch()
     try:
-        with _environ(env), _agent_logs_to(run_dir / "logs" / "launcher.log"):
+        with _environ(env), _agent_logs_to(run_dir / "logs" / "launcher.log",
+                                           AgentExitReports(dog)):
             torchrun(args)
     except ChildFailedError as err:
         failure = err
@@ -326,7 +327,7 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _agent_logs_to(path: Path) -> Iterator[None]:
+def _agent_logs_to(path: Path, *extra: Any) -> Iterator[None]:
     """torchrun's agent logs (its restarts, the signals it sends) into ``path`` instead of the
     terminal: the final line says what happened."""
     import logging
@@ -342,7 +343,7 @@ def _agent_logs_to(path: Path) -> Iterator[None]:
     for name in names:
         logger = logging.getLogger(name)
         saved.append((logger, logger.handlers[:], logger.propagate, logger.level))
-        logger.handlers = [handler]
+        logger.handlers = [handler, *extra]
         logger.propagate = False
         logger.setLevel(logging.INFO)
     for name in list(logging.root.manager.loggerDict):

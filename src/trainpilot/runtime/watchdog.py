@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import select
 import signal
@@ -157,6 +158,7 @@ class WorkerView:
     last_step: int = 0
     ended: bool = False
     pidfd: int | None = None  # -1 once closed
+    gone_since: float | None = None  # ended, status not read yet
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,6 +200,8 @@ class Watchdog:
         self.observations: list[Observation] = []
         self.attempts: dict[int, dict[str, Any]] = {}
         self._oom_kills = _oom_kills()
+        self._reported: dict[int, int] = {}
+        self.report_wait_s = 5.0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tp-watchdog", daemon=True)
@@ -264,15 +268,27 @@ class Watchdog:
                                         time_unix_s=view.started))
             self.attempts[view.attempt]["ranks"].append(view.rank)
 
+    def report_exit(self, pid: int, exitcode: int) -> None:
+        """What torchrun's agent says a worker ended with (its log of the first failure: the
+        agent may reap a worker before this thread reads its status)."""
+        self._reported[pid] = exitcode
+
     def _check(self, view: WorkerView, now: float) -> None:
         ended = _peek_exit(view.pid)
+        if ended == (None, None) or (ended is None and _proc_state(view.pid) is None):
+            # Reaped by the agent before this thread saw it: wait a moment for its report.
+            view.gone_since = view.gone_since or now
+            code = self._reported.get(view.pid)
+            if code is not None:
+                ended = (code, None) if code >= 0 else (None, -code)
+            elif now - view.gone_since < self.report_wait_s:
+                return
+            else:
+                ended = (None, None)
         if ended is not None:
             self._ended(view, *ended)
             return
         state = _proc_state(view.pid)
-        if state is None:  # not our child and gone (no exit status to read)
-            self._ended(view, None, None)
-            return
         beat = _read_beat(self.dir / f"rank{view.rank}.beat.{view.pid}")
         if beat is not None:
             count, step = beat
@@ -368,6 +384,22 @@ class Watchdog:
         primary = [o for o in faults if o.kind != "exit" or o.reason not in ("peer_failed",
                                                                                "terminated")]
         return (primary or faults or [None])[0]
+
+
+class AgentExitReports(logging.Handler):
+    """Reads torchrun's own log of a failed worker ("failed (exitcode: -9) local_rank: 1
+    (pid: 123) ...") into the watchdog: the exit status even when the agent reaped it first."""
+
+    def __init__(self, dog: Watchdog):
+        super().__init__(logging.ERROR)
+        self.dog = dog
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("failed (exitcode") and len(record.args or ()) >= 3:
+            try:
+                self.dog.report_exit(int(record.args[2]), int(record.args[0]))
+            except (TypeError, ValueError):
+                pass
 
 
 def _asdict(obs: Observation) -> dict[str, Any]:
