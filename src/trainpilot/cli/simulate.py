@@ -21,7 +21,8 @@ def register(subparsers) -> None:
         subparsers, "simulate", help="simulate a step, availability under failures, or scaling",
         description="What-if machines built on the cost model: one training step as a "
                     "discrete-event timeline, the job's availability under failures "
-                    "(closed forms and Monte-Carlo), and time, cost and energy across sizes.",
+                    "(closed forms and Monte-Carlo), time, cost and energy across sizes, and "
+                    "inference serving (Sim2Infer).",
         examples="  trainpilot simulate step --job gpt3-175b-a100-1024 --trace step.json\n"
                  "  trainpilot simulate availability --job llama3-405b-h100-16384 --compare\n"
                  "  trainpilot simulate scaling --model llama3-8b --cluster h100-sxm-x64 "
@@ -31,6 +32,7 @@ def register(subparsers) -> None:
     _register_step(sub)
     _register_availability(sub)
     _register_scaling(sub)
+    _register_serve(sub)
 
 
 def _sub(sub, name: str, *, help: str, description: str, examples: str):
@@ -78,6 +80,27 @@ def _register_availability(sub) -> None:
                       "--weibull-shape 0.7 --spares 4 --json")
     simulate_availability.register_arguments(p)
     p.set_defaults(func=simulate_availability.run)
+
+
+def _register_serve(sub) -> None:
+    from trainpilot.cli import simulate_serve
+
+    p = _sub(sub, "serve", help="Sim2Infer: TTFT, TPOT, throughput, KV cache of a deployment",
+             description="Serving of dense and MoE models under TP, EP, DP-attention and "
+                         "prefill/decode disaggregation, from the model, the cluster and a "
+                         "serving plan: TTFT, TPOT, throughput per device and per instance, KV "
+                         "capacity and the largest batch that fits, and per pass the bound "
+                         "(compute, HBM weights / KV, all-to-all, TP collectives) that sets it. "
+                         "--validate predicts the bundled published measurements.",
+             examples="  trainpilot simulate serve --model deepseek-v3 --cluster h800-x176 "
+                      "--plan deepseek-v3-pd-ep144\n"
+                      "  trainpilot simulate serve --model llama3-70b --cluster h100-sxm-x8 "
+                      "--plan llama3-70b-tp2-fp8 --input-len 2048 --output-len 256\n"
+                      "  trainpilot simulate serve --model llama3-8b --cluster h200-x8 "
+                      "--plan 'input_len=128,output_len=2048,batching=static,batch_size=256'\n"
+                      "  trainpilot simulate serve --validate")
+    simulate_serve.register_arguments(p)
+    p.set_defaults(func=simulate_serve.run)
 
 
 def _register_scaling(sub) -> None:
