@@ -79,6 +79,9 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
                         "only for the snapshot")
     g.add_argument("--explain", action="store_true",
                    help="a table of every cost added: value, source, badput it caused")
+    from trainpilot.cli.simulate_serve import register_availability_arguments
+
+    register_availability_arguments(p.add_argument_group("serving (--serve)"))
     add_json_arg(p)
 
 
@@ -135,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
     from trainpilot.specs import SpecError, load_job
     from trainpilot.specs.loading import validate
 
+    if args.serve:
+        from trainpilot.cli.simulate_serve import run_availability
+
+        return run_availability(args)
     job = load_job(args.job) if args.job else None
     sc = load_scenario(args.scenario) if args.scenario else None
     nodes = args.nodes or (job.cluster.num_nodes if job else None) or (

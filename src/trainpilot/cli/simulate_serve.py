@@ -170,3 +170,78 @@ def _run_validate(args, eff) -> int:
                   f"target <= {s['target']:.0%}: {'met' if s['target_met'] else 'MISSED'}; "
                   f"gate <= {s['gate']:.0%}: {'passed' if s['passed'] else 'FAILED'}")
     return 0 if s["passed"] else 1
+
+
+def register_availability_arguments(g) -> None:
+    """The ``simulate availability --serve`` flags (added to the availability verb)."""
+    g.add_argument("--serve", action="store_true",
+                   help="serving instead of training: instances that fail whole, the remedy "
+                        "ladder, EP sizes side by side (needs --model, --cluster, --plan)")
+    g.add_argument("--model", help="with --serve: model preset or file")
+    g.add_argument("--cluster", help="with --serve: the decode devices (preset or file)")
+    g.add_argument("--plan", help="with --serve: serving plan (lengths, dtypes, MTP)")
+    g.add_argument("--ep-sizes", default="16,32,72,144",
+                   help="with --serve: comma-separated EP sizes to compare")
+    g.add_argument("--load", type=float, default=0.8,
+                   help="with --serve: demand as a share of the nominal throughput")
+    g.add_argument("--slo-stall-s", type=float, default=10.0,
+                   help="with --serve: a request stalled longer misses its SLO")
+
+
+def run_availability(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from trainpilot.sim.failures import llama3_mix
+    from trainpilot.sim.serve_availability import compare_ep_sizes
+    from trainpilot.sim.serve_validation import calibrated_efficiency
+    from trainpilot.specs import SpecError, load_cluster, load_model
+    from trainpilot.specs.serve import load_serve_plan
+
+    if not (args.model and args.cluster and args.plan):
+        raise SpecError("--serve", True, "needs --model, --cluster and --plan")
+    try:
+        sizes = [int(x) for x in args.ep_sizes.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError("--ep-sizes", args.ep_sizes, "valid: comma-separated integers") from None
+    if not 0 < args.load <= 1:
+        raise SpecError("--load", args.load, "valid: (0, 1]")
+    model, cluster = load_model(args.model), load_cluster(args.cluster)
+    plan = load_serve_plan(args.plan)
+    days = args.days if args.days is not None else 30.0
+    rows = compare_ep_sizes(model, cluster, plan, sizes, llama3_mix(), load=args.load,
+                            duration_h=days * 24, num_trials=args.trials if args.trials != 1000
+                            else 200, seed=args.seed, eff=calibrated_efficiency())
+    if args.json:
+        print_json([dict(ep=r.ep, deployment=r.deployment.to_dict(),
+                         remedies=[dict(remedy=m.to_dict(), closed_form=cf.to_dict(),
+                                        monte_carlo=mc.to_dict()) for m, cf, mc in r.results])
+                    for r in rows])
+        return 0
+    table = Table(title=f"serving {model.name} on {cluster.num_devices} x {cluster.device.name}"
+                        f", load {args.load:.0%}, {days:g} days, Llama 3 failure mix per node",
+                  title_justify="left")
+    for col in ("EP", "inst", "tok/s", "remedy", "down min/d MC", "95%", "CF", "unserved ppm",
+                "fail/d", "lost/d", "retried/d", "SLO miss ppm"):
+        table.add_column(col, justify="left" if col == "remedy" else "right", no_wrap=True)
+    for r in rows:
+        d = r.deployment
+        for i, (rem, cf, mc) in enumerate(r.results):
+            lo, hi = mc.availability_ci95
+            table.add_row(str(r.ep) if i == 0 else "", str(d.num_instances) if i == 0 else "",
+                          f"{d.num_instances * d.tokens_per_s_per_instance:,.0f}" if i == 0
+                          else "", rem.name,
+                          f"{(1 - mc.availability) * 1440:.2f}",
+                          f"{(1 - hi) * 1440:.2f}-{(1 - lo) * 1440:.2f}",
+                          f"{(1 - cf.availability) * 1440:.2f}",
+                          f"{(1 - mc.served_fraction) * 1e6:,.0f}", f"{mc.failures_per_day:.2f}",
+                          f"{cf.requests_lost_per_day:,.0f}",
+                          f"{cf.requests_retried_per_day:,.0f}",
+                          f"{(1 - cf.slo_attainment) * 1e6:,.0f}")
+    console.print(table)
+    console.print("down min/d: (1 - mean capacity / nominal) x 1,440, Monte-Carlo with its 95% "
+                  "interval, CF: closed form; unserved: tokens demanded but not served, per "
+                  "million; lost/retried: requests in flight at a failure (batch x load); SLO "
+                  "miss: requests queued past capacity, stalled > "
+                  f"{args.slo_stall_s:g} s or lost, per million. Remedy costs: docs/simulators.md"
+                  " (the issue's figures).")
+    return 0
