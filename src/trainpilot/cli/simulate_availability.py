@@ -306,6 +306,6 @@ def _run_compare(args, job, avail, failures) -> int:
     rec = rows[0][0].recovery
     console.print(f"every policy: detection {rec.detect_s:g} s, restart {rec.restart_s:g} s, "
                   f"cold replacement {rec.replace_s:g} s per hardware failure without a spare; "
-                  f"storage GB/s: sustained write bandwidth the saves need (blocking saves "
-                  f"write inside their stall)")
+                  f"storage GB/s: the saves' average write bandwidth (a blocking save writes "
+                  f"inside its stall, at the storage's {costs.storage_gbytes_per_s:g} GB/s)")
     return 0

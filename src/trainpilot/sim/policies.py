@@ -81,12 +81,9 @@ class CheckpointCosts:
 
     def needed_gbytes_per_s(self, ckpt: CheckpointSpec, interval_min: float | None = None,
                             ) -> float:
-        """Sustained storage write bandwidth (GB/s) the saves of ``ckpt`` need at
-        ``interval_min`` (default: its own): one checkpoint per storage cycle. A blocking save
-        writes inside its own stall, so it needs no more than the storage gives."""
+        """Sustained (average) storage write bandwidth (GB/s) the saves of ``ckpt`` need at
+        ``interval_min`` (default: its own): one checkpoint per storage cycle."""
         interval = ckpt.interval_min if interval_min is None else interval_min
-        if ckpt.durable_s == 0 and ckpt.stall_s >= self.storage_s:
-            return 0.0  # blocking: the write is part of the stall
         cycles = ckpt.storage_every if ckpt.in_memory_peer else 1
         return self.total_bytes / (cycles * (interval * 60.0 + ckpt.stall_s)) / 1e9
 
@@ -96,6 +93,8 @@ def check_sustainable(costs: CheckpointCosts, ckpt: CheckpointSpec,
     """SpecError when the storage cannot absorb the saves of ``ckpt`` at ``interval_min``: the
     bandwidth they need, what the storage gives, and the shortest interval it sustains."""
     interval = ckpt.interval_min if interval_min is None else interval_min
+    if ckpt.durable_s == 0 and ckpt.stall_s >= costs.storage_s:
+        return  # a blocking save writes inside its own stall, at the storage's bandwidth
     need = costs.needed_gbytes_per_s(ckpt, interval)
     if need <= costs.storage_gbytes_per_s * (1 + 1e-9):
         return
