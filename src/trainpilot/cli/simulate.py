@@ -1,10 +1,9 @@
-"""``trainpilot simulate``: the step timeline, availability under failures, and scaling."""
+"""``trainpilot simulate``: the step timeline, availability under failures (training and
+serving), scaling, and serving (Sim2Infer)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from typing import Any
 
 from trainpilot.cli.common import (
     Formatter,

@@ -69,7 +69,8 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag_of(field), type=type(default), default=None,
                        help=f"{text} (default {default:g})")
     g = p.add_argument_group("engines and output")
-    g.add_argument("--trials", type=int, default=1000, help="Monte-Carlo runs")
+    g.add_argument("--trials", type=int, default=1000,
+                   help="Monte-Carlo runs (1000; with --serve the default is 200)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--compare", action="store_true",
                    help="compare restart from storage / peer checkpoints / hot spares, each at "

@@ -20,7 +20,6 @@ weights, HBM KV cache, TP collectives, all-to-all, overhead) that takes the most
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,9 +173,4 @@ def deployment_summary(report: ServeReport, plan: ServePlan) -> dict[str, float]
                 concurrent_sequences=report.batch_size * plan.num_decode_instances,
                 requests_per_s=report.output_tokens_per_s_per_instance
                 * plan.num_decode_instances / plan.output_len)
-
-
-def roofline_reasons(report: ServeReport) -> dict[str, str]:
-    return {name: cost.reason for name, cost in report.phases.items()}
-
 
