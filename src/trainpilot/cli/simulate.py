@@ -1,10 +1,9 @@
-"""``trainpilot simulate``: the step timeline, availability under failures, and scaling."""
+"""``trainpilot simulate``: the step timeline, availability under failures (training and
+serving), scaling, and serving (Sim2Infer)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from typing import Any
 
 from trainpilot.cli.common import (
     Formatter,
@@ -21,7 +20,8 @@ def register(subparsers) -> None:
         subparsers, "simulate", help="simulate a step, availability under failures, or scaling",
         description="What-if machines built on the cost model: one training step as a "
                     "discrete-event timeline, the job's availability under failures "
-                    "(closed forms and Monte-Carlo), and time, cost and energy across sizes.",
+                    "(closed forms and Monte-Carlo), time, cost and energy across sizes, and "
+                    "inference serving (Sim2Infer).",
         examples="  trainpilot simulate step --job gpt3-175b-a100-1024 --trace step.json\n"
                  "  trainpilot simulate availability --job llama3-405b-h100-16384 --compare\n"
                  "  trainpilot simulate scaling --model llama3-8b --cluster h100-sxm-x64 "
@@ -31,6 +31,7 @@ def register(subparsers) -> None:
     _register_step(sub)
     _register_availability(sub)
     _register_scaling(sub)
+    _register_serve(sub)
 
 
 def _sub(sub, name: str, *, help: str, description: str, examples: str):
@@ -61,60 +62,44 @@ def _register_step(sub) -> None:
 
 
 def _register_availability(sub) -> None:
+    from trainpilot.cli import simulate_availability
+
     p = _sub(sub, "availability", help="ETTR, badput and the best checkpoint interval",
              description="Availability of a job under failures: ETTR (productive / wall time) "
                          "with a 95%% interval, interruptions, badput by category and the optimal "
                          "checkpoint interval, from the closed form and a Monte-Carlo "
-                         "simulation. Default failures: the Llama 3 405B report's mix.",
-             examples="  trainpilot simulate availability --nodes 2048 --days 54\n"
+                         "simulation. Default failures: the Llama 3 405B report's mix. Every "
+                         "cost added (detection, replacement, restart, restore, stall, write) "
+                         "is printed with its source; --explain tabulates them.",
+             examples="  trainpilot simulate availability --nodes 2048 --days 54 --explain\n"
+                      "  trainpilot simulate availability --scenario llama3-405b\n"
+                      "  trainpilot simulate availability --scenario kokolis-rsc1 --json\n"
                       "  trainpilot simulate availability --job gpt3-175b-a100-1024 --compare\n"
                       "  trainpilot simulate availability --nodes 256 --mtbf-h 12 "
                       "--weibull-shape 0.7 --spares 4 --json")
-    p.add_argument("--job", help="job preset or file: nodes from its cluster, and with --compare "
-                                 "checkpoint costs from its model")
-    p.add_argument("--nodes", type=int, help="nodes in the job (default: the job's)")
-    p.add_argument("--devices-per-node", type=int, default=None, help="default 8")
-    p.add_argument("--days", type=float, default=30.0, help="wall-clock days to simulate")
-    p.add_argument("--work-days", type=float,
-                   help="failure-free days of training to finish instead: simulates about the "
-                        "wall time they need and reports the expected wall days (work / ETTR)")
-    g = p.add_argument_group("failures")
-    g.add_argument("--mtbf-h", type=float, help="one failure class with this job MTBF (hours) "
-                                                "instead of the Llama 3 mix")
-    g.add_argument("--weibull-shape", type=float, help="Weibull inter-arrivals of this shape")
-    g.add_argument("--weibull-start", choices=["stationary", "new"], default="stationary",
-                   help="Weibull nodes in service at t=0, or all new (burn-in)")
-    g.add_argument("--lemons", type=int, default=0, help="lemon nodes")
-    g.add_argument("--lemon-multiplier", type=float, default=10.0)
-    g.add_argument("--quarantine-lemons", action="store_true")
-    g.add_argument("--correlated", type=float, default=0.0,
-                   help="share of hardware failures that take down several nodes")
-    g.add_argument("--correlated-nodes", type=int, default=4)
-    g = p.add_argument_group("checkpoints")
-    g.add_argument("--interval-min", type=float, default=30.0)
-    g.add_argument("--stall-s", type=float, default=10.0, help="blocking time per save")
-    g.add_argument("--durable-s", type=float, default=120.0, help="until the storage copy lands")
-    g.add_argument("--peer", action="store_true", help="also keep copies in peers' memory")
-    g.add_argument("--peer-durable-s", type=float, default=5.0)
-    g.add_argument("--storage-every", type=int, default=10)
-    g = p.add_argument_group("recovery")
-    for flag, default, text in (("--detect-s", 60.0, "detection"),
-                                ("--restart-s", 300.0, "restart / re-rendezvous"),
-                                ("--restore-storage-s", 300.0, "restore from storage"),
-                                ("--restore-peer-s", 30.0, "restore from a peer"),
-                                ("--replace-s", 1800.0, "cold node replacement"),
-                                ("--repair-h", 72.0, "hours until a failed node is back"),
-                                ("--retry-fraction", 0.0, "share of transient faults absorbed"),
-                                ("--retry-s", 30.0, "pause per absorbed fault")):
-        g.add_argument(flag, type=float, default=default, help=text)
-    g.add_argument("--spares", type=int, default=0, help="hot spare nodes")
-    g = p.add_argument_group("engines")
-    g.add_argument("--trials", type=int, default=1000, help="Monte-Carlo runs")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--compare", action="store_true",
-                   help="compare restart from storage / peer checkpoints / hot spares")
-    add_json_arg(p)
-    p.set_defaults(func=run_availability)
+    simulate_availability.register_arguments(p)
+    p.set_defaults(func=simulate_availability.run)
+
+
+def _register_serve(sub) -> None:
+    from trainpilot.cli import simulate_serve
+
+    p = _sub(sub, "serve", help="Sim2Infer: TTFT, TPOT, throughput, KV cache of a deployment",
+             description="Serving of dense and MoE models under TP, EP, DP-attention and "
+                         "prefill/decode disaggregation, from the model, the cluster and a "
+                         "serving plan: TTFT, TPOT, throughput per device and per instance, KV "
+                         "capacity and the largest batch that fits, and per pass the bound "
+                         "(compute, HBM weights / KV, all-to-all, TP collectives) that sets it. "
+                         "--validate predicts the bundled published measurements.",
+             examples="  trainpilot simulate serve --model deepseek-v3 --cluster h800-x176 "
+                      "--plan deepseek-v3-pd-ep144\n"
+                      "  trainpilot simulate serve --model llama3-70b --cluster h100-sxm-x8 "
+                      "--plan llama3-70b-tp2-fp8 --input-len 2048 --output-len 256\n"
+                      "  trainpilot simulate serve --model llama3-8b --cluster h200-x8 "
+                      "--plan 'input_len=128,output_len=2048,batching=static,batch_size=256'\n"
+                      "  trainpilot simulate serve --validate")
+    simulate_serve.register_arguments(p)
+    p.set_defaults(func=simulate_serve.run)
 
 
 def _register_scaling(sub) -> None:
@@ -134,6 +119,11 @@ def _register_scaling(sub) -> None:
     p.add_argument("--power-w", type=float, help="W per device (default: the device's TDP)")
     p.add_argument("--pue", type=float, default=1.1)
     p.add_argument("--grid-kg-per-kwh", type=float, default=0.4, help="kg CO2 per kWh")
+    p.add_argument("--oversubscription", type=float, default=1.0,
+                   help="bandwidth taper between non-blocking domains (Llama 3 clusters: 7)")
+    p.add_argument("--domain-nodes", type=int,
+                   help="nodes per non-blocking domain (default: the cluster's racks; Llama 3: "
+                        "384)")
     p.add_argument("--no-failures", action="store_true",
                    help="skip the availability model (Llama 3 mix, storage checkpoints)")
     add_json_arg(p)
@@ -210,165 +200,6 @@ def _print_step(result, spec, pred, notes: list[str], trace: str | None) -> None
         console.print(f"trace written to {trace} (open in https://ui.perfetto.dev)")
 
 
-# ------------------------------------------------------------------ availability
-
-
-def _failure_model(args: argparse.Namespace, num_nodes: int):
-    import pydantic
-
-    from trainpilot.sim.failures import FailureModel
-    from trainpilot.specs.errors import from_pydantic
-
-    try:
-        return _failure_model_unchecked(args, num_nodes)
-    except pydantic.ValidationError as err:
-        raise from_pydantic(err, doc="failures", model_cls=FailureModel) from None
-
-
-def _failure_model_unchecked(args: argparse.Namespace, num_nodes: int):
-    from trainpilot.sim.failures import llama3_mix, single_mtbf
-
-    extra: dict[str, Any] = dict(
-        num_lemon_nodes=args.lemons, lemon_multiplier=args.lemon_multiplier,
-        quarantine_lemons=args.quarantine_lemons, correlated_fraction=args.correlated,
-        correlated_nodes=args.correlated_nodes)
-    if args.weibull_shape is not None:
-        extra.update(distribution="weibull", weibull_shape=args.weibull_shape,
-                     weibull_start=args.weibull_start)
-    if args.mtbf_h is not None:
-        return single_mtbf(mtbf_h=args.mtbf_h, num_nodes=num_nodes, needs_replacement=True,
-                           **extra)
-    return llama3_mix(**extra)
-
-
-def _build(cls, doc: str, **data):
-    from trainpilot.specs.loading import validate
-
-    return validate(cls, data, doc=doc)
-
-
-def run_availability(args: argparse.Namespace) -> int:
-    from trainpilot.sim.availability import (
-        AvailabilityJob,
-        CheckpointSpec,
-        RecoverySpec,
-        closed_form,
-    )
-    from trainpilot.sim.montecarlo import monte_carlo
-    from trainpilot.specs import SpecError, load_job
-
-    job = load_job(args.job) if args.job else None
-    nodes = args.nodes or (job.cluster.num_nodes if job else None)
-    if nodes is None:
-        raise SpecError("--nodes", None, "give --nodes or --job")
-    per_node = args.devices_per_node or (job.cluster.devices_per_node if job else 8)
-    avail = _build(AvailabilityJob, "job", num_nodes=nodes, devices_per_node=per_node,
-                   duration_h=args.days * 24.0)
-    if args.trials < 2:
-        raise SpecError("--trials", args.trials, "valid: at least 2")
-    failures = _failure_model(args, nodes)
-    if args.compare:
-        return _run_compare(args, job, avail, failures)
-    ckpt = _build(CheckpointSpec, "checkpoint", interval_min=args.interval_min,
-                  stall_s=args.stall_s, durable_s=args.durable_s, in_memory_peer=args.peer,
-                  peer_durable_s=args.peer_durable_s, storage_every=args.storage_every)
-    rec = _build(RecoverySpec, "recovery", detect_s=args.detect_s, restart_s=args.restart_s,
-                 restore_storage_s=args.restore_storage_s, restore_peer_s=args.restore_peer_s,
-                 num_spares=args.spares, replace_s=args.replace_s, repair_h=args.repair_h,
-                 retry_fraction=args.retry_fraction, retry_s=args.retry_s)
-    if args.work_days is not None:
-        avail = _horizon_for_work(args.work_days, avail, failures, ckpt, rec)
-    status = console.status("Monte-Carlo...") if not args.json else contextlib.nullcontext()
-    with status:
-        mc = monte_carlo(avail, failures, ckpt, rec, num_trials=args.trials, seed=args.seed)
-    cf = closed_form(avail, failures, ckpt, rec) if failures.distribution == "exponential" \
-        else None
-    if args.json:
-        out = mc.to_dict()
-        out["closed_form"] = cf.to_dict() if cf else None
-        if args.work_days is not None:
-            out.update(work_days=args.work_days, expected_wall_days=args.work_days / mc.ettr)
-        print_json(out)
-        return 0
-    _print_availability(avail, mc, cf)
-    if args.work_days is not None:
-        console.print(f"{args.work_days:g} failure-free days of training take "
-                      f"{args.work_days / mc.ettr:.1f} wall days (work / ETTR)")
-    return 0
-
-
-def _horizon_for_work(work_days: float, avail, failures, ckpt, rec):
-    """The job resized to the wall time ``work_days`` of training needs, estimated with the
-    closed form (for Weibull: its exponential counterpart of the same mean rate)."""
-    from trainpilot.sim.availability import closed_form_ettr
-    from trainpilot.specs import SpecError
-
-    if work_days <= 0:
-        raise SpecError("--work-days", work_days, "valid: a positive number of days")
-    ettr, _ = closed_form_ettr(avail, failures.replace(distribution="exponential"), ckpt, rec)
-    return avail.replace(duration_h=work_days * 24.0 / max(ettr, 1e-3))
-
-
-def _print_availability(avail, mc, cf) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"availability: {avail.num_nodes} nodes x {avail.devices_per_node}, "
-                        f"{avail.duration_h / 24:.1f} days, MTBF {mc.mtbf_h:.2f} h",
-                  title_justify="left")
-    table.add_column("")
-    table.add_column("Monte-Carlo", justify="right")
-    table.add_column("closed form", justify="right")
-    c = cf.to_dict() if cf else {}
-    table.add_row("ETTR", f"{mc.ettr:.4f} ({mc.ettr_ci95[0]:.4f}-{mc.ettr_ci95[1]:.4f})",
-                  f"{cf.ettr:.4f}" if cf else "-")
-    table.add_row("single runs, middle 95%",
-                  f"{mc.ettr_range95[0]:.4f}-{mc.ettr_range95[1]:.4f}", "-")
-    table.add_row("interruptions", f"{mc.interruptions:.1f}",
-                  f"{c['interruptions']:.1f}" if cf else "-")
-    for key, hours in mc.badput_h.items():
-        table.add_row(f"  {key.replace('_', ' ')} h", f"{hours:.1f}",
-                      f"{c['badput_h'][key]:.1f}" if cf else "-")
-    table.add_row("optimal interval", f"{mc.optimal_interval_min:.1f} min",
-                  f"{cf.optimal_interval_min:.1f} min" if cf else "-")
-    if cf:
-        table.add_row("  Young / Daly 2006", "",
-                      f"{c['young_interval_min']:.1f} / {c['daly_interval_min']:.1f} min")
-    console.print(table)
-
-
-def _run_compare(args, job, avail, failures) -> int:
-    from rich.table import Table
-
-    from trainpilot.perf.flops import count_params
-    from trainpilot.sim.policies import CheckpointCosts, compare, standard_policies
-    from trainpilot.specs import SpecError
-
-    if job is None:
-        raise SpecError("--compare", True, "needs --job (checkpoint costs come from its model)")
-    costs = CheckpointCosts(params=count_params(job.model).total, num_nodes=avail.num_nodes,
-                            devices_per_node=avail.devices_per_node)
-    rows = compare(avail, failures, standard_policies(costs), num_trials=args.trials,
-                   seed=args.seed)
-    if args.json:
-        print_json([dict(policy=p.name, checkpoint=p.checkpoint.to_dict(),
-                         recovery=p.recovery.to_dict(), monte_carlo=mc.to_dict(),
-                         closed_form=cf.to_dict() if cf else None) for p, mc, cf in rows])
-        return 0
-    table = Table(title="recovery policies, each at its optimal interval", title_justify="left")
-    for col in ("policy", "interval", "ETTR (95% CI)", "closed form", "lost h", "down h",
-                "spare wait h"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for p, mc, cf in rows:
-        b = mc.badput_h
-        table.add_row(p.name, f"{p.checkpoint.interval_min:.1f} min",
-                      f"{mc.ettr:.4f} ({mc.ettr_ci95[0]:.4f}-{mc.ettr_ci95[1]:.4f})",
-                      f"{cf.ettr:.4f}" if cf else "-", f"{b['lost_progress']:.1f}",
-                      f"{b['detection'] + b['restart'] + b['restore']:.1f}",
-                      f"{b['spare_wait']:.1f}")
-    console.print(table)
-    return 0
-
-
 # ------------------------------------------------------------------ scaling
 
 
@@ -377,7 +208,12 @@ def run_scaling(args: argparse.Namespace) -> int:
 
     from trainpilot.sim.availability import CheckpointSpec, RecoverySpec
     from trainpilot.sim.failures import llama3_mix
-    from trainpilot.sim.scaling import CostInputs, planner_or_fallback, scaling_table
+    from trainpilot.sim.scaling import (
+        CostInputs,
+        Oversubscription,
+        planner_or_fallback,
+        scaling_table,
+    )
     from trainpilot.specs import SpecError, load_cluster, load_model
 
     try:
@@ -396,6 +232,8 @@ def run_scaling(args: argparse.Namespace) -> int:
         rows = scaling_table(model, cluster, counts, global_batch_size=args.global_batch_size,
                              seq_len=seq_len, total_tokens=args.tokens, planner=planner,
                              costs=costs, availability=availability,
+                             oversubscription=Oversubscription(ratio=args.oversubscription,
+                                                               domain_nodes=args.domain_nodes),
                              on_row=lambda _: progress.advance(task))
     if args.json:
         print_json(dict(planner=which, rows=[r.to_dict() for r in rows]))

@@ -11,7 +11,8 @@ ratio"); productive time is the training progress that survives.
 
 Closed forms here:
 - Young 1974 first-order interval sqrt(2 delta M); Daly 2006 higher-order interval.
-- Kokolis et al. 2024 first-order E[ETTR] = 1 - N r_f (u0 + dt_cp / 2) (non-blocking saves).
+- Kokolis et al. 2024 first-order E[ETTR] = (1 - N r_f (u0 + dt_cp / 2)) / (1 + w / dt_cp), w the
+  checkpoint write (blocking) time; w = 0 for non-blocking saves.
 - ``closed_form``: the exact long-run ETTR of the model above for exponential (memoryless)
   interruptions with a mix of classes. Per cycle between interruptions (length ~ Exp(lambda)),
   the work that survives is tau * sum_k P(cycle compute >= k s + d) with s = tau + delta, which
@@ -161,12 +162,29 @@ def daly_wall_time(work: float, interval: float, stall: float, restart: float,
 
 
 def kokolis_ettr(*, num_nodes: int, failures_per_node_day: float, restart_min: float,
-                 interval_min: float) -> float:
-    """Kokolis et al. 2024 first-order E[ETTR] = 1 - N r_f (u0 + dt_cp / 2) for non-blocking
-    checkpoints (rate r_f per node-day; restart overhead u0 and interval dt_cp in minutes).
-    Accurate while N r_f (u0 + dt_cp) << 1; it linearises the exact renewal result."""
+                 interval_min: float, write_min: float = 0.0) -> float:
+    """Kokolis et al. 2024 (sec. V, "Revisiting Reliability in Large-Scale Machine Learning
+    Research Clusters", arXiv 2410.21680) first-order expected ETTR:
+
+        E[ETTR] = (1 - N r_f (u0 + dt_cp / 2)) / (1 + w / dt_cp)
+
+    with rate r_f per node-day, restart overhead u0, interval dt_cp and checkpoint write time w
+    (training paused while writing), all in minutes. ``write_min`` = 0 is the non-blocking case
+    1 - N r_f (u0 + dt_cp / 2). Accurate while N r_f (u0 + dt_cp) << 1; it linearises the
+    exact renewal result (``closed_form_ettr`` with ``stall_s`` = w)."""
+    if write_min < 0:
+        raise SpecError("write_min", write_min, "valid: >= 0 minutes")
     rate_per_min = num_nodes * failures_per_node_day / (24.0 * 60.0)
-    return 1.0 - rate_per_min * (restart_min + interval_min / 2.0)
+    return (1.0 - rate_per_min * (restart_min + interval_min / 2.0)) / (
+        1.0 + write_min / interval_min)
+
+
+def kokolis_interval_min(*, num_nodes: int, failures_per_node_day: float,
+                         write_min: float) -> float:
+    """The interval maximising ``kokolis_ettr`` to first order: sqrt(2 w / (N r_f)) minutes
+    (Young's rule with the write time as the checkpoint cost)."""
+    rate_per_min = num_nodes * failures_per_node_day / (24.0 * 60.0)
+    return math.sqrt(2.0 * write_min / rate_per_min)
 
 
 # ---------------------------------------------------------------- the exact renewal form

@@ -6,6 +6,15 @@ failure-free time to train the token budget, device-hours, cost, energy and CO2.
 availability model the expected wall-clock days include failures (time / ETTR, the closed-form
 ETTR at that size's optimal checkpoint interval).
 
+Cross-rack congestion (``Oversubscription``): a cluster preset's racks are joined by a
+non-blocking fat tree (the inter-rack tier has the inter-node bandwidth, more latency). Real
+fabrics taper above a non-blocking domain: Meta's Llama 3 clusters join 3,072-GPU pods (384
+nodes, full bisection inside) through an aggregation layer oversubscribed 1:7 (Llama 3 report,
+sec. 3.3.1). With ``Oversubscription(ratio, domain_nodes)`` a job spanning several domains gets
+the cross-domain tier at ``inter_node / ratio`` per device: every device of a domain sending
+across it at once, as the data-parallel ring (placed outermost by the cost model) does. That is
+pessimistic where a schedule keeps cross-domain traffic to a few ranks (pipeline boundaries).
+
 Energy = devices x board power (``DeviceSpec.power_w``, full load) x PUE x wall time: a
 ceiling, since devices draw less while waiting on communication or a restart.
 """
@@ -45,6 +54,33 @@ class CostInputs:
             raise SpecError("pue", self.pue, "valid: >= 1.0")
         if self.grid_kg_co2_per_kwh < 0:
             raise SpecError("grid_kg_co2_per_kwh", self.grid_kg_co2_per_kwh, "valid: >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Oversubscription:
+    """Bandwidth taper above a non-blocking domain of ``domain_nodes`` nodes (default: the
+    cluster's racks): traffic between domains gets ``1 / ratio`` of the per-device bandwidth.
+    ``ratio`` 7 and 384 nodes are the Llama 3 clusters' (report sec. 3.3.1)."""
+
+    ratio: float = 1.0
+    domain_nodes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ratio < 1.0:
+            raise SpecError("oversubscription", self.ratio, "valid: >= 1 (1 = non-blocking)")
+        if self.domain_nodes is not None and self.domain_nodes < 1:
+            raise SpecError("domain_nodes", self.domain_nodes, "valid: >= 1 node")
+
+    def apply(self, cluster: ClusterSpec) -> ClusterSpec:
+        """``cluster`` with its racks set to the domains and the tier between them tapered."""
+        per_rack = self.domain_nodes or int(cluster.nodes_per_rack)
+        per_rack = min(per_rack, cluster.num_nodes)
+        if self.ratio == 1.0 and per_rack == cluster.nodes_per_rack:
+            return cluster
+        link = cluster.inter_rack
+        tapered = link.replace(gbytes_per_s=cluster.network.inter_node.gbytes_per_s / self.ratio)
+        network = cluster.network.replace(inter_rack=tapered)
+        return cluster.replace(nodes_per_rack=per_rack, network=network)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,8 +130,10 @@ def scaling_table(model: ModelSpec, cluster: ClusterSpec, device_counts: list[in
                   global_batch_size: int, seq_len: int, total_tokens: float,
                   planner: Planner, costs: CostInputs = CostInputs(),
                   availability: tuple[FailureModel, CheckpointSpec, RecoverySpec] | None = None,
+                  oversubscription: Oversubscription = Oversubscription(),
                   on_row: Callable[[ScalingRow], None] | None = None) -> list[ScalingRow]:
-    """One row per device count (in the order given; linearity is against the first)."""
+    """One row per device count (in the order given; linearity is against the first), each
+    planned on the cluster with ``oversubscription`` applied."""
     if not device_counts:
         raise SpecError("devices", device_counts, "valid: one or more device counts")
     if total_tokens <= 0:
@@ -107,7 +145,7 @@ def scaling_table(model: ModelSpec, cluster: ClusterSpec, device_counts: list[in
     rows: list[ScalingRow] = []
     base: tuple[int, float] | None = None
     for n in device_counts:
-        sized = cluster.with_devices(n)
+        sized = oversubscription.apply(cluster.with_devices(n))
         plan, pred = planner(model, sized, global_batch_size, seq_len)
         tps = pred.tokens_per_s
         base = base or (n, tps)

@@ -1,0 +1,208 @@
+"""Sim2Infer against published serving measurements (``data/serve_validation.yaml``).
+
+Each row is costed by ``simulate_serve`` with the efficiency in ``data/serve_calibration.yaml``
+(fitted on the calibration sources only: ``calibrate``); a row's error is (predicted -
+measured) / measured; a source's score is its mean absolute error. ``HELD_OUT_GATE`` is the
+committed gate on the mean error over all held-out rows, ``HELD_OUT_TARGET`` the issue's target
+(the lead hooks ``validate_serving`` into ``trainpilot validate``; ``trainpilot simulate serve
+--validate`` prints the same table).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainpilot.perf.serve import ServeEfficiency
+from trainpilot.sim.serve import ServeReport, simulate_serve
+from trainpilot.specs import ClusterSpec, ModelSpec, SpecError, load_cluster, load_model
+from trainpilot.specs.loading import validate
+from trainpilot.specs.serve import ServePlan
+
+HELD_OUT_TARGET = 0.15  # issue 19's target for the held-out mean |error| (not met: ~28%)
+HELD_OUT_GATE = 0.30  # the committed gate: fails if the model gets worse than it is
+_DATA = "serve_validation.yaml"
+_CALIBRATION = "serve_calibration.yaml"
+_CASE_KEYS = {"id", "model", "cluster", "plan", "metric", "measured"}
+_SOURCE_KEYS = {"title", "url", "licence", "split", "how", "defaults", "cases"}
+METRICS = ("output_tokens_per_s_per_instance", "output_tokens_per_s_per_device",
+           "output_tokens_per_s_per_node", "input_tokens_per_s_per_node", "ttft_ms")
+# The efficiency fields `calibrate` fits, with their bounds.
+# decode_attention_efficiency stays at FlashMLA's published figure (not fitted: only MoE rows
+# exercise it, and they are few).
+FITTED = {"fp8_gemm_scale": (0.3, 1.2), "hbm_efficiency": (0.5, 0.92),
+          "prefill_attention_efficiency": (0.3, 0.8), "moe_imbalance": (1.0, 3.0),
+          "kernel_gap_us": (0.0, 20.0)}
+
+
+@dataclass(frozen=True)
+class ServeCase:
+    source: str
+    split: str
+    case_id: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: ServePlan
+    metric: str
+    measured: float
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    case: ServeCase
+    predicted: float
+    report: ServeReport
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.case.measured) / self.case.measured
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(
+            out.get(key), dict) else value
+    return out
+
+
+def load_cases(path: str | Path | None = None) -> list[ServeCase]:
+    """Every row of the dataset (default: the bundled one); unknown keys are SpecErrors."""
+    text = (Path(path).read_text() if path else
+            resources.files("trainpilot.sim").joinpath("data", _DATA).read_text())
+    data = yaml.safe_load(text)
+    models = {name: validate(ModelSpec, spec, doc=f"models.{name}")
+              for name, spec in (data.get("models") or {}).items()}
+    cases = []
+    for source, block in data["sources"].items():
+        unknown = set(block) - _SOURCE_KEYS
+        if unknown:
+            raise SpecError(f"sources.{source}.{sorted(unknown)[0]}", "<key>",
+                            f"unknown key; valid: {', '.join(sorted(_SOURCE_KEYS))}")
+        if block["split"] not in ("calibration", "held_out"):
+            raise SpecError(f"sources.{source}.split", block["split"],
+                            "valid: calibration, held_out")
+        defaults = block.get("defaults") or {}
+        for raw in block["cases"]:
+            row = _merge(defaults, raw)
+            unknown = set(row) - _CASE_KEYS
+            if unknown:
+                raise SpecError(f"sources.{source}.cases.{sorted(unknown)[0]}", "<key>",
+                                f"unknown key; valid: {', '.join(sorted(_CASE_KEYS))}")
+            if row["metric"] not in METRICS:
+                raise SpecError(f"{source}.{row['id']}.metric", row["metric"],
+                                f"valid: {', '.join(METRICS)}")
+            name = row["model"]
+            model = models[name] if name in models else load_model(name)
+            plan = validate(ServePlan, dict(row["plan"], name=f"{source}/{row['id']}"),
+                            doc=f"{source}.{row['id']}.plan")
+            cases.append(ServeCase(source, block["split"], row["id"], model,
+                                   load_cluster(row["cluster"]), plan, row["metric"],
+                                   float(row["measured"])))
+    return cases
+
+
+@lru_cache(maxsize=1)
+def _bundled_cases() -> tuple[ServeCase, ...]:
+    return tuple(load_cases())
+
+
+def calibrated_efficiency() -> ServeEfficiency:
+    """The bundled calibration (``data/serve_calibration.yaml``) over the defaults."""
+    text = resources.files("trainpilot.sim").joinpath("data", _CALIBRATION).read_text()
+    fitted = yaml.safe_load(text).get("fitted") or {}
+    valid = {f.name for f in fields(ServeEfficiency)}
+    unknown = set(fitted) - valid
+    if unknown:
+        raise SpecError(f"serve_calibration.fitted.{sorted(unknown)[0]}", "<key>",
+                        f"unknown field; valid: {', '.join(sorted(valid))}")
+    return ServeEfficiency(**fitted)
+
+
+def predict(case: ServeCase, eff: ServeEfficiency) -> ServeResult:
+    """The simulator's value of ``case.metric``."""
+    report = simulate_serve(case.model, case.cluster, case.plan, eff)
+    per_node = case.cluster.devices_per_node
+    value = {
+        "output_tokens_per_s_per_instance": report.output_tokens_per_s_per_instance,
+        "output_tokens_per_s_per_device": report.output_tokens_per_s_per_device,
+        "output_tokens_per_s_per_node": report.output_tokens_per_s_per_device * per_node,
+        "input_tokens_per_s_per_node": report.input_tokens_per_s_per_device * per_node,
+        "ttft_ms": report.ttft_s * 1e3,
+    }[case.metric]
+    return ServeResult(case, value, report)
+
+
+def run(eff: ServeEfficiency | None = None, cases: list[ServeCase] | None = None,
+        ) -> list[ServeResult]:
+    eff = calibrated_efficiency() if eff is None else eff
+    return [predict(c, eff) for c in (cases if cases is not None else _bundled_cases())]
+
+
+def summarize(results: list[ServeResult]) -> dict[str, Any]:
+    """Per source and per split: rows, mean |error|, max |error|, mean signed error."""
+    def stats(rows: list[ServeResult]) -> dict[str, float]:
+        errs = [r.error for r in rows]
+        return dict(rows=len(rows), mean_abs_error=statistics.mean(abs(e) for e in errs),
+                    max_abs_error=max(abs(e) for e in errs), bias=statistics.mean(errs))
+
+    by_source: dict[str, list[ServeResult]] = {}
+    for r in results:
+        by_source.setdefault(r.case.source, []).append(r)
+    out = {"sources": {s: dict(stats(rows), split=rows[0].case.split)
+                       for s, rows in by_source.items()}}
+    for split in ("calibration", "held_out"):
+        rows = [r for r in results if r.case.split == split]
+        if rows:
+            out[split] = dict(stats(rows), num_sources=len({r.case.source for r in rows}))
+    held = out.get("held_out", {}).get("mean_abs_error", 1.0)
+    out.update(gate=HELD_OUT_GATE, target=HELD_OUT_TARGET, passed=held <= HELD_OUT_GATE,
+               target_met=held <= HELD_OUT_TARGET)
+    return out
+
+
+def calibrate(cases: list[ServeCase] | None = None, *, start: ServeEfficiency | None = None,
+              ) -> tuple[ServeEfficiency, float]:
+    """Fit ``FITTED`` on the calibration rows only (scipy Powell on the mean |log ratio|);
+    returns the efficiency and its calibration mean |error|. Held-out rows are never read."""
+    from scipy.optimize import minimize
+
+    rows = [c for c in (cases if cases is not None else _bundled_cases())
+            if c.split == "calibration"]
+    base = start or ServeEfficiency()
+    names = list(FITTED)
+    x0 = [getattr(base, n) if getattr(base, n) is not None else 0.6 for n in names]
+
+    def eff_of(x) -> ServeEfficiency:
+        clipped = {n: min(max(v, FITTED[n][0]), FITTED[n][1]) for n, v in zip(names, x)}
+        return base.replace(**clipped)
+
+    def loss(x) -> float:
+        import math
+
+        eff = eff_of(x)
+        return statistics.mean(abs(math.log(predict(c, eff).predicted / c.measured))
+                               for c in rows)
+
+    best = minimize(loss, x0, method="Powell", options=dict(maxiter=3000, xtol=1e-3,
+                                                            ftol=1e-5))
+    eff = eff_of(best.x)
+    mape = statistics.mean(abs(predict(c, eff).error) for c in rows)
+    return eff, mape
+
+
+def validate_serving(eff: ServeEfficiency | None = None) -> dict[str, Any]:
+    """What ``trainpilot validate`` should print and gate: every row and the summaries."""
+    results = run(eff)
+    return dict(summary=summarize(results),
+                rows=[dict(source=r.case.source, split=r.case.split, id=r.case.case_id,
+                           metric=r.case.metric, measured=r.case.measured,
+                           predicted=r.predicted, error=r.error,
+                           reasons={k: v.reason for k, v in r.report.phases.items()})
+                      for r in results])

@@ -1,0 +1,185 @@
+"""ServePlan, the "how" document of an inference deployment: instance layouts, batch and
+lengths, precisions, speculative decoding.
+
+An *instance* is the group of devices that holds one copy of the model and serves requests
+together: ``tp`` x ``dp_attention`` devices. Attention (and the dense layers) run as
+``dp_attention`` independent groups of ``tp`` tensor-parallel devices, each with its own
+requests and KV cache (SGLang's and vLLM's "DP attention"); MoE layers spread the experts over
+``ep`` groups of the instance's devices (each expert split ``devices / ep`` ways), so with
+``dp_attention`` > 1 the tokens of all groups meet in an all-to-all. With a ``prefill`` layout
+the deployment is disaggregated (DistServe, DeepSeek): prefill instances compute the KV cache and
+ship it to the decode instances over the network; otherwise one instance does both.
+
+Units: lengths and batches in tokens and sequences; ``batch_size`` counts the sequences decoding
+at once in one instance (None: the largest that fits its KV cache).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+from pydantic import NonNegativeInt, PositiveInt
+
+from trainpilot.specs.base import Spec
+from trainpilot.specs.errors import SpecError
+
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5625}  # fp4: + 1/16 block scales
+
+
+class InstanceLayout(Spec):
+    """One serving instance: ``tp`` x ``dp_attention`` devices, experts over ``ep`` groups."""
+
+    tp: PositiveInt = 1
+    dp_attention: PositiveInt = 1
+    ep: PositiveInt = 1
+    # Extra copies of the busiest experts (DeepSeek's EPLB: 32 on its EP32 and EP144 units).
+    num_redundant_experts: NonNegativeInt = 0
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> InstanceLayout:
+        if self.num_devices % self.ep:
+            raise SpecError("ep", self.ep, f"does not divide the instance's {self.num_devices} "
+                            f"devices (tp={self.tp} x dp_attention={self.dp_attention}); valid: "
+                            "a divisor")
+        return self
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.dp_attention
+
+    @property
+    def expert_tp(self) -> int:
+        """Ways each expert's width is split."""
+        return self.num_devices // self.ep
+
+    def label(self) -> str:
+        parts = [f"tp{self.tp}"]
+        if self.dp_attention > 1:
+            parts.append(f"dpa{self.dp_attention}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        return " ".join(parts)
+
+
+class SpeculativeSpec(Spec):
+    """Speculative decoding: each step verifies ``num_draft_tokens`` proposed tokens per
+    sequence; the i-th is accepted with probability ``acceptance`` ** i (a chain), so a step
+    yields 1 + sum_i acceptance^i tokens. ``draft`` "mtp": DeepSeek's multi-token-prediction
+    module (one extra decoder layer per draft token); "ngram": free proposals."""
+
+    num_draft_tokens: NonNegativeInt = 0
+    acceptance: float = pydantic.Field(default=0.8, ge=0, le=1)
+    draft: Literal["mtp", "ngram"] = "mtp"
+
+    @property
+    def tokens_per_step(self) -> float:
+        return 1.0 + sum(self.acceptance ** i for i in range(1, self.num_draft_tokens + 1))
+
+
+class ServePlan(Spec):
+    """How a model is served. See the module docstring for the layout's meaning."""
+
+    name: str = "custom"
+    decode: InstanceLayout = InstanceLayout()  # the decode (or colocated) instance
+    prefill: InstanceLayout | None = None  # set: prefill/decode disaggregation
+    num_decode_instances: PositiveInt = 1
+    num_prefill_instances: PositiveInt = 1
+    input_len: PositiveInt
+    output_len: PositiveInt
+    # Sequences decoding at once per decode instance; None: the largest that fits.
+    batch_size: PositiveInt | None = None
+    max_batch_size: PositiveInt | None = None  # a scheduler's cap on the fitted batch
+    # Prompt tokens per device in one prefill pass (the prefill batch); default: one prompt.
+    prefill_tokens: PositiveInt | None = None
+    # "static": a batch is prefilled, then decoded to the end together (TensorRT-LLM's
+    # session benchmark); "continuous": prompts join running batches (chunked prefill in the
+    # same passes as decoding), the steady state of vLLM, SGLang, TensorRT-LLM in-flight
+    # batching. Disaggregated plans decode continuously by construction.
+    batching: Literal["static", "continuous"] = "continuous"
+    prefix_cache_hit: float = pydantic.Field(default=0.0, ge=0, lt=1)  # input tokens not computed
+    weight_dtype: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
+    kv_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
+    speculative: SpeculativeSpec = SpeculativeSpec()
+    two_batch_overlap: bool = False  # split each pass in two to hide all-to-alls (DeepSeek)
+    kv_mem_fraction: float = pydantic.Field(default=0.9, gt=0, le=1)  # of HBM left for KV
+    # Busiest device's expert rows over the mean; None: the calibrated stack's (EPLB-like
+    # placement). 1.0 for a perfectly balanced router (DeepSeek's profiles simulate one).
+    moe_imbalance: float | None = pydantic.Field(default=None, ge=1)
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> ServePlan:
+        if self.batch_size is not None and self.batch_size % self.decode.dp_attention:
+            raise SpecError("batch_size", self.batch_size,
+                            f"not a multiple of decode.dp_attention={self.decode.dp_attention} "
+                            "(each attention group decodes its own share)")
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None
+
+    @property
+    def num_devices(self) -> int:
+        n = self.decode.num_devices * self.num_decode_instances
+        if self.prefill is not None:
+            n += self.prefill.num_devices * self.num_prefill_instances
+        return n
+
+
+# Serving-plan presets. Each says where its layout comes from; lengths are typical, not the
+# source's (the validation rows carry the measured ones).
+SERVE_PRESETS: dict[str, dict] = {
+    # DeepSeek open-source week day 6: prefill units of 4 nodes (EP32, DP-attention 32), decode
+    # units of 18 nodes (EP144, DP-attention 144), 32 redundant experts, FP8 GEMMs, two-batch
+    # overlap, MTP (acceptance 85-90%, DeepSeek-V3 report sec. 5.4.3).
+    "deepseek-v3-pd-ep144": dict(
+        name="deepseek-v3-pd-ep144",
+        prefill=dict(dp_attention=32, ep=32, num_redundant_experts=32),
+        decode=dict(dp_attention=144, ep=144, num_redundant_experts=32),
+        input_len=4096, output_len=1024, prefill_tokens=16384, weight_dtype="fp8",
+        two_batch_overlap=True, speculative=dict(num_draft_tokens=1, acceptance=0.85)),
+    # LMSYS/SGLang on 12 H100 nodes: prefill EP32 on 4 nodes, decode EP72 on 9 nodes.
+    "deepseek-v3-pd-ep72": dict(
+        name="deepseek-v3-pd-ep72", prefill=dict(dp_attention=32, ep=32),
+        decode=dict(dp_attention=72, ep=72, num_redundant_experts=32), input_len=2000,
+        output_len=100, prefill_tokens=16384, weight_dtype="fp8", two_batch_overlap=True),
+    # One 8-GPU node serving DeepSeek-V3 with TP8 (the pre-EP baseline of SGLang's blogs).
+    "deepseek-v3-tp8": dict(name="deepseek-v3-tp8", decode=dict(tp=8, ep=8), input_len=2000,
+                            output_len=1000, weight_dtype="fp8"),
+    # TensorRT-LLM's perf overview layouts (FP8 weights and KV cache, in-flight batching).
+    "llama3-70b-tp2-fp8": dict(name="llama3-70b-tp2-fp8", decode=dict(tp=2), input_len=1000,
+                               output_len=1000, weight_dtype="fp8", kv_dtype="fp8",
+                               max_batch_size=4096),
+    "llama3-8b-tp1-fp8": dict(name="llama3-8b-tp1-fp8", input_len=1000, output_len=1000,
+                              weight_dtype="fp8", kv_dtype="fp8", max_batch_size=4096),
+}
+
+
+def load_serve_plan(ref: str | dict | ServePlan, **overrides) -> ServePlan:
+    """A serving plan from a preset name, a YAML/JSON file, an inline
+    ``"decode.tp=8,input_len=1000,..."`` string, or a mapping; ``overrides`` (dotted keys as
+    nested dicts) replace fields. Unknown keys are SpecErrors."""
+    from pathlib import Path
+
+    from trainpilot.specs.loading import parse_inline, read_document, validate
+
+    if isinstance(ref, ServePlan):
+        data = ref.to_dict()
+    elif isinstance(ref, dict):
+        data = dict(ref)
+    elif ref in SERVE_PRESETS:
+        data = dict(SERVE_PRESETS[ref])
+    elif Path(ref).suffix in (".yaml", ".yml", ".json") or Path(ref).is_file():
+        data = read_document(ref, doc="serve plan")
+    elif "=" in ref:
+        data = parse_inline(ref, doc="serve plan")
+    else:
+        raise SpecError("serve plan", ref, f"not a preset, file or inline plan; presets: "
+                        f"{', '.join(SERVE_PRESETS)}")
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = dict(data[key], **value)
+        else:
+            data[key] = value
+    return validate(ServePlan, data, doc="serve plan")

@@ -1,0 +1,196 @@
+"""Sim2Infer: the serving cost model's terms by hand, its physics, its roofline reasons, and the
+validation on published measurements (held-out gate, negative controls)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import run_cli
+from trainpilot.perf.flops import count_params
+from trainpilot.perf.serve import (
+    PassShape,
+    ServeEfficiency,
+    kv_bytes_per_token,
+    pass_cost,
+    weight_bytes_per_device,
+)
+from trainpilot.sim import serve_validation
+from trainpilot.sim.serve import simulate_serve
+from trainpilot.specs import SpecError, load_cluster, load_model
+from trainpilot.specs.serve import InstanceLayout, ServePlan, SpeculativeSpec, load_serve_plan
+
+EFF = ServeEfficiency()
+
+
+def test_kv_cache_and_weights_by_hand():
+    l70, ds = load_model("llama3-70b"), load_model("deepseek-v3")
+    # GQA: 80 layers x K and V x 8/2 heads x 128 x 1 byte under TP2 with an FP8 cache.
+    assert kv_bytes_per_token(l70, InstanceLayout(tp=2), "fp8") == 80 * 2 * 4 * 128
+    assert kv_bytes_per_token(l70, InstanceLayout(tp=16), "bf16") == 80 * 2 * 1 * 128 * 2
+    # MLA: the 512 + 64 latent per layer, the same on every TP rank.
+    assert kv_bytes_per_token(ds, InstanceLayout(tp=8), "bf16") == 61 * 576 * 2
+    l8 = load_model("llama3-8b")
+    bf16 = weight_bytes_per_device(l8, InstanceLayout(), "bf16")
+    norms = 2 * 4096 * 32 + 4096  # counted by count_params, not stored apart here
+    assert bf16 == pytest.approx(2 * (count_params(l8).total - norms), rel=1e-9)
+    fp8 = weight_bytes_per_device(l8, InstanceLayout(tp=2), "fp8")
+    embed = 2 * 128256 * 4096 * 2 / 2
+    assert fp8 == pytest.approx(embed + (bf16 - 2 * 128256 * 4096 * 2) / 4, rel=1e-9)
+    # DeepSeek-V3 at EP144 with 32 redundant experts: 2 routed experts per device per layer.
+    per_dev = weight_bytes_per_device(ds, InstanceLayout(dp_attention=144, ep=144,
+                                                         num_redundant_experts=32), "fp8")
+    assert 20 * 2**30 < per_dev < 26 * 2**30
+
+
+def test_largest_batch_follows_memory():
+    l70 = load_model("llama3-70b")
+    plan = ServePlan(decode=InstanceLayout(tp=2), input_len=1000, output_len=1000,
+                     weight_dtype="fp8", kv_dtype="fp8")
+    h100 = simulate_serve(l70, load_cluster("h100-sxm-x8"), plan, EFF)
+    h200 = simulate_serve(l70, load_cluster("h200-x8"), plan, EFF)
+    bf16_kv = simulate_serve(l70, load_cluster("h100-sxm-x8"), plan.replace(kv_dtype="bf16"),
+                             EFF)
+    assert h100.largest_batch == int(h100.kv_capacity_tokens // 2000)
+    assert h200.largest_batch > 2 * h100.largest_batch  # 141 GB vs 80 GB, same weights
+    assert bf16_kv.largest_batch == pytest.approx(h100.largest_batch / 2, abs=1)
+    with pytest.raises(SpecError, match="no room for one sequence"):
+        simulate_serve(load_model("llama3-405b"), load_cluster("h100-sxm-x8"),
+                       ServePlan(decode=InstanceLayout(tp=2), input_len=10, output_len=10), EFF)
+
+
+def test_roofline_reason_per_phase():
+    l70, l8 = load_model("llama3-70b"), load_model("llama3-8b")
+    h100 = load_cluster("h100-sxm-x8")
+    plan = ServePlan(input_len=4096, output_len=256, weight_dtype="fp8", kv_dtype="fp8")
+
+    def reason(model, layout, shape, p=plan):
+        return pass_cost(model, h100, p, layout, shape, EFF).reason
+
+    one = PassShape(decode_seqs=1, decode_rows=1, context=4096)
+    assert reason(l70, InstanceLayout(tp=2), one) == "hbm_weights"
+    prompt = PassShape(prefill_rows=8192, prefill_pairs=2 * 4096 * 4097 / 2, prefill_seqs=2)
+    assert reason(l70, InstanceLayout(tp=2), prompt) == "compute"
+    long_ctx = PassShape(decode_seqs=64, decode_rows=64, context=32768)
+    assert reason(l8, InstanceLayout(), long_ctx) == "hbm_kv"
+    ds, h800 = load_model("deepseek-v3"), load_cluster("h800-x144")
+    ep = InstanceLayout(dp_attention=144, ep=144, num_redundant_experts=32)
+    dec = PassShape(decode_seqs=128, decode_rows=128, context=4096)
+    no_tbo = ServePlan(input_len=4096, output_len=2, weight_dtype="fp8")
+    cost = pass_cost(ds, h800, no_tbo, ep, dec, EFF)
+    tbo = pass_cost(ds, h800, no_tbo.replace(two_batch_overlap=True), ep, dec, EFF)
+    assert cost.seconds["all_to_all"] > 0.3 * cost.total_s  # 144 GPUs over InfiniBand
+    assert tbo.seconds["all_to_all"] < 0.5 * cost.seconds["all_to_all"]  # hidden by overlap
+    tp8 = pass_cost(l70, h100, plan, InstanceLayout(tp=8), one, EFF)
+    assert tp8.seconds["tp_collectives"] > 0
+
+
+def test_batch_trades_latency_for_throughput_and_mtp_helps_small_batches():
+    l70, h200 = load_model("llama3-70b"), load_cluster("h200-x8")
+    base = ServePlan(input_len=1000, output_len=1000, weight_dtype="fp8", kv_dtype="fp8",
+                     batching="static")
+    small = simulate_serve(l70, h200, base.replace(batch_size=8), EFF)
+    large = simulate_serve(l70, h200, base.replace(batch_size=64), EFF)
+    assert large.tpot_s > small.tpot_s
+    assert large.output_tokens_per_s_per_device > 4 * small.output_tokens_per_s_per_device
+    mtp = base.replace(batch_size=8, speculative=SpeculativeSpec(num_draft_tokens=1,
+                                                                 acceptance=0.8))
+    assert SpeculativeSpec(num_draft_tokens=2, acceptance=0.5).tokens_per_step == 1.75
+    assert simulate_serve(l70, h200, mtp, EFF).tpot_s < 0.65 * small.tpot_s  # memory-bound
+
+
+def test_disaggregated_ttft_includes_the_kv_transfer():
+    ds, h800 = load_model("deepseek-v3"), load_cluster("h800-x176")
+    plan = load_serve_plan("deepseek-v3-pd-ep144")
+    report = simulate_serve(ds, h800, plan, EFF)
+    transfer = plan.input_len * 61 * 576 * 2 / h800.network.inter_node.bytes_per_s
+    assert report.ttft_s == pytest.approx(report.phases["prefill"].total_s + transfer)
+    assert set(report.phases) == {"prefill", "decode"}
+    assert report.batch_size == report.largest_batch > 0
+
+
+def test_bad_plans_name_the_field():
+    with pytest.raises(ValueError, match=r"ep: got 3; does not divide"):
+        InstanceLayout(tp=4, ep=3)
+    with pytest.raises(SpecError, match="decode.tp"):
+        simulate_serve(load_model("llama3-8b"), load_cluster("h100-sxm-x8"),
+                       ServePlan(decode=InstanceLayout(tp=3), input_len=8, output_len=8), EFF)
+    with pytest.raises(SpecError, match="decode.ep"):
+        simulate_serve(load_model("deepseek-v3"), load_cluster("h800-x144"),
+                       ServePlan(decode=InstanceLayout(dp_attention=72, ep=72), input_len=8,
+                                 output_len=8), EFF)
+    with pytest.raises(ValueError, match="batch_size"):
+        ServePlan(decode=InstanceLayout(dp_attention=4, ep=4), input_len=8, output_len=8,
+                  batch_size=6)
+    with pytest.raises(SpecError, match="serve plan"):
+        load_serve_plan("no-such-plan")
+
+
+def test_held_out_error_is_gated_and_reported():
+    """>= 10 held-out rows from >= 4 sources; their mean |error| under the committed gate.
+    The issue's target (15%) is not met: the value is printed, not hidden."""
+    summary = serve_validation.summarize(serve_validation.run())
+    held, cal = summary["held_out"], summary["calibration"]
+    assert held["rows"] >= 10 and held["num_sources"] >= 4
+    assert held["mean_abs_error"] <= serve_validation.HELD_OUT_GATE
+    assert cal["mean_abs_error"] < 0.08
+    assert summary["target_met"] == (held["mean_abs_error"] <= 0.15)
+
+
+def test_the_gate_can_fail():
+    """Negative control: half the HBM bandwidth and a third of the GEMM efficiency push the
+    held-out error past the gate."""
+    bad = serve_validation.calibrated_efficiency().replace(hbm_efficiency=0.4,
+                                                           fp8_gemm_scale=0.3)
+    assert not serve_validation.summarize(serve_validation.run(bad))["passed"]
+
+
+def test_calibration_reads_only_calibration_rows(monkeypatch):
+    seen = set()
+    real = serve_validation.predict
+
+    def spy(case, eff):
+        seen.add(case.split)
+        return real(case, eff)
+
+    monkeypatch.setattr(serve_validation, "predict", spy)
+    cases = [c for c in serve_validation.load_cases() if c.source == "lmsys-large-scale-ep"
+             or c.split == "held_out"]
+    serve_validation.calibrate(cases)
+    assert seen == {"calibration"}
+
+
+def test_every_row_cites_its_source():
+    import yaml
+    from importlib import resources
+
+    text = resources.files("trainpilot.sim").joinpath("data", "serve_validation.yaml").read_text()
+    for name, block in yaml.safe_load(text)["sources"].items():
+        assert block["url"].startswith("https://") and block["licence"] and block["how"], name
+    with pytest.raises(SpecError, match="unknown key"):
+        import tempfile
+        from pathlib import Path
+
+        path = Path(tempfile.mkdtemp()) / "bad.yaml"
+        path.write_text("sources:\n  x:\n    split: held_out\n    colour: red\n    cases: []\n")
+        serve_validation.load_cases(path)
+
+
+def test_cli_serve_json_and_validate():
+    result = run_cli("simulate", "serve", "--model", "deepseek-v3", "--cluster", "h800-x176",
+                     "--plan", "deepseek-v3-pd-ep144", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    for key in ("ttft_s", "tpot_s", "output_tokens_per_s_per_device", "largest_batch",
+                "kv_capacity_tokens", "phases", "deployment"):
+        assert key in data, key
+    assert data["phases"]["decode"]["reason"] in ("compute", "hbm_weights", "all_to_all")
+    assert math.isclose(data["deployment"]["devices"], 176)
+    result = run_cli("simulate", "serve", "--validate")
+    assert result.returncode == 0, result.stderr
+    assert "held-out mean |error|" in result.stdout and "target <= 15%" in result.stdout
+    bad = run_cli("simulate", "serve", "--model", "llama3-8b", "--cluster", "h100-sxm-x8",
+                  "--plan", "input_len=8,output_len=8", "--tp", "3")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: decode.tp: got 3")
