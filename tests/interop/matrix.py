@@ -21,6 +21,8 @@ def cases() -> list[tuple[str, ModelSpec, Plan]]:
     return [
         _case("dense-tp2-sp-zero1", "llama3-8b", tp=2, dp=2, zero=1, sequence_parallel=True,
               global_batch_size=16, micro_batch_size=2, recompute="selective"),
+        _case("dense-tp2-zero1", "llama3-8b", tp=2, dp=2, zero=1, global_batch_size=16,
+              micro_batch_size=2),
         _case("dense-zero0", "llama3-8b", dp=4, zero=0, global_batch_size=16),
         _case("dense-zero2", "llama3-8b", tp=2, dp=2, zero=2, global_batch_size=8),
         _case("dense-zero3", "llama3-8b", dp=4, zero=3, global_batch_size=8,
