@@ -25,6 +25,8 @@ VERBS = [
     "predict",
     "plan",
     "validate",
+    "export-weights",
+    "export-metrics",
 ]
 
 DESCRIPTION = """\

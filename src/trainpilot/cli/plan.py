@@ -31,7 +31,9 @@ def register(subparsers) -> None:
                  "  trainpilot plan --model llama3-70b --cluster h100-sxm-x64 "
                  "--global-batch-size 64 --seq-len 8192 --export megatron\n"
                  "  trainpilot plan --model llama3-8b --cluster h100-sxm-x16 "
-                 "--global-batch-size 128 --seq-len 8192 --export slurm --output train.sbatch",
+                 "--global-batch-size 128 --seq-len 8192 --export slurm --output train.sbatch\n"
+                 "  trainpilot plan --model llama3-8b --cluster h100-sxm-x16 "
+                 "--global-batch-size 128 --seq-len 8192 --export deepspeed --pick 2",
     )
     add_doc_args(parser, plan=False)
     parser.add_argument("--global-batch-size", type=int, required=True,
@@ -44,8 +46,12 @@ def register(subparsers) -> None:
                         help="training precision (default bf16)")
     parser.add_argument("--no-flash-attention", action="store_true",
                         help="assume unfused attention (s^2 scores in memory)")
-    parser.add_argument("--export", choices=["yaml", "megatron", "torchtitan", "slurm"],
-                        help="print the best plan in this format instead of the ranking")
+    parser.add_argument("--export",
+                        choices=["yaml", "megatron", "torchtitan", "deepspeed", "slurm"],
+                        help="print a ranked plan (the best, or --pick N) in this format "
+                             "instead of the ranking")
+    parser.add_argument("--pick", type=int, default=1, metavar="N",
+                        help="with --export: the N-th plan of the ranking (default 1)")
     parser.add_argument("--output", type=Path,
                         help="with --export: write it to this file (atomically)")
     add_json_arg(parser)
@@ -62,21 +68,30 @@ def run(args: argparse.Namespace) -> int:
 
     if args.output and not args.export:
         raise SpecError("--output", str(args.output), "needs --export")
+    if args.pick != 1 and not args.export:
+        raise SpecError("--pick", args.pick, "needs --export")
+    if args.pick < 1:
+        raise SpecError("--pick", args.pick, "valid: 1 (the best) or more")
     model, cluster = load_model(args.model), load_cluster(args.cluster)
     options = CostOptions(flash_attention=not args.no_flash_attention)
     with console.status(f"searching layouts of {model.name} on {cluster.name}...",
                         spinner="dots") if not args.json else _null():
         result = search(model, cluster, global_batch_size=args.global_batch_size,
-                        seq_len=args.seq_len, top=args.top, headroom=args.headroom,
+                        seq_len=args.seq_len, top=max(args.top, args.pick),
+                        headroom=args.headroom,
                         precision=args.precision, options=options)
     if not result:
         return _no_plan(result, args.json)
     if args.export:
-        best = result[0]
-        text = export(args.export, best.plan, model, cluster, best.prediction)
+        ranked = list(result)
+        if args.pick > len(ranked):
+            raise SpecError("--pick", args.pick, f"only {len(ranked)} plans fit; valid: 1 to "
+                                                 f"{len(ranked)}")
+        chosen = ranked[args.pick - 1]
+        text = export(args.export, chosen.plan, model, cluster, chosen.prediction)
         if args.output:
             atomic_write_text(args.output, text)
-            console.print(f"wrote the best plan ({args.export}) to {args.output}")
+            console.print(f"wrote plan #{args.pick} ({args.export}) to {args.output}")
         else:
             console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
         return 0

@@ -91,6 +91,8 @@ def layer_params(model: ModelSpec, index: int) -> LayerParams:
     """Parameters of decoder layer ``index``."""
     attn = attention_params(model)
     norms = 2 * _norm_params(model)
+    if model.qk_norm:  # one RMSNorm weight of head_dim each on queries and keys (Qwen3)
+        norms += 2 * int(model.head_dim)
     if not model.is_moe_layer(index):
         dense = mlp_params(model, int(model.intermediate_size))
         return LayerParams(attn, dense, dense, norms)

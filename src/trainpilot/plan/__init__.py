@@ -3,7 +3,7 @@
 ``search(model, cluster, global_batch_size=..., seq_len=...)`` returns a ``SearchResult``: the
 ranked plans with their predictions, the search statistics and why the best beats the
 runner-up. ``trainpilot.plan.export`` turns a plan into our YAML, Megatron-LM arguments, a
-torchtitan TOML section or a SLURM script.
+torchtitan config module, a DeepSpeed config or a SLURM script (docs/interop.md).
 """
 
 from trainpilot.plan.search import (

@@ -57,7 +57,7 @@ def simulate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
 
 def chrome_trace(result: StepResult) -> dict[str, Any]:
     """Trace Event Format (opens in Perfetto or chrome://tracing): one process per pipeline
-    rank, one thread per stream; timestamps in microseconds."""
+    rank, one thread per stream; timestamps and durations in whole microseconds."""
     events: list[dict[str, Any]] = []
     for rank in range(len(result.ranks)):
         events.append(dict(name="process_name", ph="M", pid=rank, tid=0,
@@ -67,8 +67,12 @@ def chrome_trace(result: StepResult) -> dict[str, Any]:
                                args=dict(name=name)))
     for rank, track, name, start_s, dur_s in result.events:
         cat = "compute" if track == TRACK_COMPUTE and "a2a" not in name else "comm"
+        # Whole microseconds, start and end rounded separately: rounding is monotonic, so a
+        # slice that ends where the next begins never overlaps it (fractional microseconds
+        # came back from Perfetto's float-to-nanosecond conversion 1 ns too long).
+        start_us, end_us = round(start_s * 1e6), round((start_s + dur_s) * 1e6)
         events.append(dict(name=name, cat=cat, ph="X", pid=rank, tid=track,
-                           ts=start_s * 1e6, dur=dur_s * 1e6))
+                           ts=start_us, dur=end_us - start_us))
     return dict(traceEvents=events, displayTimeUnit="ms",
                 otherData=dict(step_time_s=result.step_time_s,
                                bubble_fraction=result.bubble_fraction))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import pydantic
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 
 from trainpilot.specs.base import Spec
 from trainpilot.specs.errors import SpecError
@@ -26,6 +26,19 @@ class MoESpec(Spec):
     layer_freq: PositiveInt = 1
     # Auxiliary load-balancing loss weight (Switch Transformer; Mixtral uses 0.02).
     aux_loss_coeff: float = pydantic.Field(default=0.01, ge=0)
+    # How the router scores experts: softmax over experts (Mixtral, Qwen) or a per-expert
+    # sigmoid (DeepSeek-V3), and whether the top-k weights are renormalised to sum to 1.
+    router_score: Literal["softmax", "sigmoid"] = "softmax"
+    router_norm_topk: bool = True
+    # DeepSeek-V3's aux-loss-free balancing: a per-expert bias added to the scores for the
+    # choice only (`e_score_correction_bias`).
+    router_expert_bias: bool = False
+    # Group-limited routing (DeepSeek): experts in `router_num_groups` groups, tokens routed
+    # within the best `router_group_topk` groups. None: no grouping.
+    router_num_groups: PositiveInt | None = None
+    router_group_topk: PositiveInt | None = None
+    # Factor on the routed experts' weighted sum (DeepSeek-V3: 2.5).
+    router_scaling_factor: PositiveFloat | None = None
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> MoESpec:
@@ -33,6 +46,16 @@ class MoESpec(Spec):
             raise SpecError("top_k", self.top_k,
                             f"top_k={self.top_k} exceeds num_experts={self.num_experts}; "
                             f"valid: 1 <= top_k <= {self.num_experts}")
+        if (self.router_num_groups is None) != (self.router_group_topk is None):
+            raise SpecError("router_group_topk", self.router_group_topk,
+                            "router_num_groups and router_group_topk go together; valid: both "
+                            "set or neither")
+        if self.router_num_groups is not None and (
+                self.num_experts % self.router_num_groups
+                or self.router_group_topk > self.router_num_groups):
+            raise SpecError("router_num_groups", self.router_num_groups,
+                            f"must divide num_experts={self.num_experts} and be >= "
+                            f"router_group_topk={self.router_group_topk}")
         return self
 
     @property
@@ -52,6 +75,22 @@ class MLASpec(Spec):
     v_head_dim: PositiveInt
 
 
+class RopeScaling(Spec):
+    """RoPE frequency scaling for long context, as Hugging Face's ``rope_scaling``:
+    ``llama3`` (Llama 3.1: factor, low/high frequency factors, original context) or ``yarn``
+    (DeepSeek-V3, Qwen: factor, original context, beta_fast/slow, mscale)."""
+
+    type: Literal["llama3", "yarn", "linear"]
+    factor: PositiveFloat
+    original_max_position_embeddings: PositiveInt | None = None
+    low_freq_factor: PositiveFloat | None = None  # llama3
+    high_freq_factor: PositiveFloat | None = None  # llama3
+    beta_fast: PositiveFloat | None = None  # yarn
+    beta_slow: PositiveFloat | None = None  # yarn
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+
+
 class ModelSpec(Spec):
     """A decoder-only transformer. Sizes are counts; see the README for the defaults."""
 
@@ -69,6 +108,15 @@ class ModelSpec(Spec):
     bias: bool = False  # biases on the linear layers (GPT-2/3 style)
     position_embedding: Literal["rope", "learned"] = "rope"
     max_position_embeddings: PositiveInt = 131072
+    # RoPE base (Llama 2 / GPT-NeoX: 10,000; Llama 3: 500,000) and long-context scaling.
+    rope_theta: PositiveFloat = 10000.0
+    rope_scaling: RopeScaling | None = None
+    norm_eps: PositiveFloat = 1e-5
+    # RMSNorm on each head's queries and keys before RoPE (Qwen3, OLMo 2).
+    qk_norm: bool = False
+    # DeepSeek-V3 multi-token prediction modules (not priced by the cost model, as in the
+    # DeepSeek-V3 report's 671B count; exported to frameworks that build them).
+    num_mtp_layers: NonNegativeInt = 0
     moe: MoESpec | None = None
     mla: MLASpec | None = None
 

@@ -30,7 +30,8 @@ from trainpilot.store.schema import DDL, KIND_SQL, LEGACY_KINDS, SCHEMA_VERSION,
 class Exporter(Protocol):
     """Receives every metric batch the writer logs (TensorBoard, Prometheus, ...)."""
 
-    def export(self, step: int, metrics: Mapping[str, float]) -> None: ...
+    def export(self, step: int, metrics: Mapping[str, float], *,
+               time_s: float | None = None) -> None: ...
 
     def close(self) -> None: ...
 
@@ -240,7 +241,7 @@ class RunStore:
             self._pending_metrics.extend((n, step, _num(v)) for n, v in metrics.items())
             self._pending_steps[step] = now
             for exporter in self._exporters:
-                exporter.export(int(step), metrics)
+                exporter.export(int(step), metrics, time_s=now)  # the step's own wall time
             self._maybe_flush()
 
     def log_rank_timings(self, timings: Iterable[RankTiming]) -> None:

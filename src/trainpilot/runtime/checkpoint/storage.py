@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import os
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from trainpilot.runtime.checkpoint import codec, dcp_json, layout
+from trainpilot.runtime.checkpoint import codec, dcp_json, interop, layout
 
 CODECS = ("raw", "zstd")
 
@@ -87,18 +88,24 @@ class _DataFiles:
         self.current: _DataFile | None = None
         self.closed: dict[str, dict[str, Any]] = {}
 
-    def append(self, data: memoryview | bytes) -> tuple[str, int]:
-        """Write ``data``; returns (file relative to root, byte offset in it)."""
+    def append(self, data: memoryview | bytes, *, before: bytes = b"",
+               after: bytes = b"") -> tuple[str, int, int]:
+        """Write ``before``, ``data``, ``after`` (a torch.save envelope, interop.py); returns
+        (file relative to root, byte offset of ``data``, byte offset of ``before``)."""
+        total = len(before) + len(data) + len(after)
         if self.current is None or (self.current.size
-                                    and self.current.size + len(data) > self.max_bytes):
+                                    and self.current.size + total > self.max_bytes):
             self._close_current()
             rel = f"{self.prefix}_{len(self.closed)}.bin"
             self.current = _DataFile(self.root / rel, rel)
+        start = self.current.size
+        self.current.write(before)
         pos, half = self.current.size, len(data) // 2
         self.current.write(data[:half])
         self.point("write", len(self.closed))  # a disk-full fault fires mid-chunk, as for real
         self.current.write(data[half:])
-        return self.current.rel, pos
+        self.current.write(after)
+        return self.current.rel, pos, start
 
     def _close_current(self) -> None:
         if self.current is not None:
@@ -179,7 +186,8 @@ class CheckpointWriter(StorageWriter):
             if item.type == WriteItemType.BYTE_IO:
                 raise TypeError(f"{item.index.fqn}: non-tensor DCP item (trainpilot stores "
                                 "non-tensor state as JSON, never pickled)")
-            raw = tensor_bytes(planner.resolve_data(item))
+            tensor = planner.resolve_data(item)
+            raw = tensor_bytes(tensor)
             digest = hashlib.sha256(raw).hexdigest()
             self.stats.num_items += 1
             self.stats.bytes_raw += len(raw)
@@ -189,10 +197,19 @@ class CheckpointWriter(StorageWriter):
                 self.stats.bytes_referenced += len(raw)
                 pending.append((item.index, len(raw), hit))
                 continue
-            data = compress(raw) if compress is not None else raw
-            rel, pos = files.append(data)
+            if compress is None and interop.supported(tensor.dtype):
+                # Raw chunks go inside a torch.save envelope, so stock DCP reads them too.
+                before, after = interop.envelope(tensor.dtype, tuple(tensor.shape), len(raw),
+                                                 zlib.crc32(raw))
+                rel, pos, start = files.append(raw, before=before, after=after)
+                data = raw
+                envelope = {"dcp": [start, len(before) + len(raw) + len(after)]}
+            else:
+                data = compress(raw) if compress is not None else raw
+                rel, pos, _ = files.append(data)
+                envelope = {}
             loc = {"file": rel, "pos": pos, "stored": len(data), "raw": len(raw),
-                   "codec": self.compression, "sha256": digest}
+                   "codec": self.compression, "sha256": digest, **envelope}
             self.stats.bytes_written += len(data)
             pending.append((item.index, len(raw), {"loc": loc, "file": None}))
         closed = files.close()
@@ -221,10 +238,14 @@ class CheckpointWriter(StorageWriter):
                 else:
                     totals["bytes_referenced"] += loc["raw"]
         self._point("manifest")
+        # DCP's own metadata beside the manifest (for stock dcp.load; we never read it).
+        dcp_readable = interop.write_dcp_metadata(self.root / self.name, metadata,
+                                                  storage_data, self.name)
         body = {
             "step": self.step, "world_size": len(results), "created_unix_s": time.time(),
             "compression": self.compression, "files": files, "stats": totals,
-            "metadata": dcp_json.encode_metadata(metadata, storage_data), **self.extra_body,
+            "metadata": dcp_json.encode_metadata(metadata, storage_data),
+            "dcp_readable": dcp_readable, **self.extra_body,
         }
         layout.write_manifest(self.root / self.name, body)
         self._point("latest")
