@@ -168,3 +168,17 @@ def test_recorder_logs_faults_of_every_rank_with_their_time(tmp_path):
     with RunStore.create(tmp_path) as store:  # a restarted rank 0 does not log them again
         RunRecorder(store, rank=0, journal=faults).ingest_journal()
         assert len(store.events(kinds=["fault"])) == 2
+
+
+def test_chaos_spec_expands_to_the_same_seeded_schedule():
+    from trainpilot.runtime.faults import expand_chaos, parse_faults
+
+    spec = "chaos:rate=0.2,kinds=crash+hang,seed=3;collective:rank=0,step=2"
+    once = expand_chaos(spec, num_steps=50, world_size=4)
+    assert once == expand_chaos(spec, num_steps=50, world_size=4)  # replayable
+    faults = parse_faults(once, world_size=4, num_steps=50)
+    assert faults[-1].kind == "collective"  # the chaos part expands in place, in order
+    drawn = faults[:-1]
+    assert 4 <= len(drawn) <= 20 and {f.kind for f in drawn} <= {"crash", "hang"}
+    assert all(2 <= f.get("step") <= 50 and 0 <= f.get("rank") < 4 for f in drawn)
+    assert once != expand_chaos(spec.replace("seed=3", "seed=4"), num_steps=50, world_size=4)

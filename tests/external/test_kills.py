@@ -44,16 +44,19 @@ def test_kill9_of_ranks_and_of_the_launcher_then_the_same_command(ref2, tmp_path
         assert "resuming from step" in again.output()
     assert_same_run(run, ref2, step=STEPS2)
 
-    external = [(r["kind"], r["rank"], r["attempt"]) for r in journal(run)]
-    assert external == [("crash", 1, 0), ("crash", 0, 1)]
-    assert all("killed by SIGKILL" in r["evidence"] for r in journal(run))
+    records = journal(run)
+    assert [(r["kind"], r.get("rank"), r.get("attempt")) for r in records] == [
+        ("crash", 1, 0), ("crash", 0, 1), ("launcher_lost", None, None)]
+    assert all("killed by SIGKILL" in r["evidence"] for r in records[:2])
+    assert f"launch of pid {j.pid}" in records[2]["evidence"]  # found by the next launch
     # The start-up death left a record (it never reached a step), and the store has it.
     ends = [r for r in launcher_records(run) if r["kind"] == "worker_end"
             and r["attempt"] == 1 and r["rank"] == 0]
     assert ends and ends[0]["step"] == 0
     assert {e.payload["attempt"] for e in events(run, ["attempt_start"])} >= {0, 1, 2}
     faults = [e.payload for e in events(run, ["fault"])]
-    assert [(f["source"], f["rank"]) for f in faults] == [("external", 1), ("external", 0)]
+    assert [(f["source"], f["rank"]) for f in faults] == [
+        ("external", 1), ("external", 0), ("external", None)]
     assert events(run, ["recovered"]), "no recovered event"
 
 
@@ -72,10 +75,10 @@ def test_sigstop_of_rank0_and_rank1_and_kill_of_the_whole_job(ref2, tmp_path):
         os.kill(again.workers()[1], signal.SIGSTOP)
         assert again.wait() == 0, again.output()[-3000:]
     assert_same_run(run, ref2, step=STEPS2)
-    hangs = journal(run)
-    assert [(r["kind"], r["rank"], r["source"]) for r in hangs] == [
-        ("hang", 0, "external"), ("hang", 1, "external")]
-    assert all("stopped (SIGSTOP" in r["evidence"] for r in hangs)
+    records = journal(run)
+    assert [(r["kind"], r["rank"], r["source"]) for r in records] == [
+        ("hang", 0, "external"), ("launcher_lost", None, "external"), ("hang", 1, "external")]
+    assert all("stopped (SIGSTOP" in r["evidence"] for r in (records[0], records[2]))
 
 
 @pytest.mark.timeout(300)

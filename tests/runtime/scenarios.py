@@ -7,6 +7,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+import torch.distributed as dist
 
 from trainpilot.runtime.config import TrainConfig
 from trainpilot.runtime.layout import Layout
@@ -226,3 +227,51 @@ def health_stats() -> dict[str, Any]:
         handle.remove()
         out[name] = seen
     return out
+
+
+def ddp_restart_drift(settle: bool) -> dict[str, Any]:
+    """Six SGD steps of one DDP model, against three steps, a rebuilt DDP (what a restarted
+    process makes) and three more; with or without settling the buckets at each build.
+    Returns whether the final weights are bit-equal and their largest difference."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from trainpilot.runtime.parallelize import settle_ddp_buckets
+
+    rank = dist.get_rank()
+
+    def model() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64),
+                                   torch.nn.ReLU(), torch.nn.Linear(64, 64))
+
+    def build(module: torch.nn.Module) -> tuple[DDP, torch.optim.Optimizer]:
+        ddp = DDP(module, bucket_cap_mb=0.005)  # several buckets
+        if settle:
+            settle_ddp_buckets(ddp, torch.device("cpu"))
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.1)
+
+    def step(ddp: DDP, opt: torch.optim.Optimizer, i: int) -> None:
+        tokens = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(10 * i
+                                                                                   + rank))
+        out = ddp(tokens)
+        torch.nn.functional.cross_entropy(out.flatten(0, 1), tokens.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    whole = model()
+    ddp, opt = build(whole)
+    for i in range(6):
+        step(ddp, opt, i)
+    first = model()
+    ddp, opt = build(first)
+    for i in range(3):
+        step(ddp, opt, i)
+    resumed = copy.deepcopy(first)
+    ddp, opt = build(resumed)
+    for i in range(3, 6):
+        step(ddp, opt, i)
+    pairs = list(zip(whole.parameters(), resumed.parameters()))
+    return dict(equal=all(torch.equal(a, b) for a, b in pairs),
+                max_diff=max(float((a - b).abs().max()) for a, b in pairs))

@@ -223,8 +223,10 @@ def final_line(summary: dict[str, Any]) -> str:
     if resumed:
         line += "; resumed from step " + ", ".join(str(r.get("restored_step")) for r in resumed)
     if faults or recovered:
-        named = [f"{f.get('kind')} of rank {f.get('rank')} at step {f.get('step')} "
-                 f"({'external' if f.get('source') == 'external' else 'injected'})"
+        named = [f"{f.get('kind')}" + (f" of rank {f['rank']}" if f.get("rank") is not None
+                                       else "")
+                 + (f" at step {f['step']}" if f.get("step") is not None else "")
+                 + f" ({'external' if f.get('source') == 'external' else 'injected'})"
                  for f in faults]
         line += (f"; recovered {len(recovered)} time(s) from {len(faults)} fault(s)"
                  + (f": {'; '.join(named)}" if named else ""))

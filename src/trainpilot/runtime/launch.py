@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 
 from trainpilot.runtime.rundir import PREEMPTED, check_usable, clear_preempted, decide, inspect
 from trainpilot.runtime.watchdog import (
-    ENV_DIR, ENV_LAUNCHER, AgentExitReports, Observation, Watchdog, signal_name, watch_dir_for)
+    ENV_DIR, ENV_LAUNCHER, AgentExitReports, Observation, Watchdog, journal_lost_launch, log_launch,
+    signal_name, watch_dir_for)
 from trainpilot.runtime.workerjob import WorkerJob
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
@@ -164,10 +165,6 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
     anything starts), TrainingFailed when the run fails and RunPreempted when a signal stopped
     it.
     """
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import run as torchrun
-
     note = on_note or (lambda line: None)
     run_dir = Path(run_dir).resolve()
     inject = _check_options(inject, elastic, health_config, callbacks, config=config, plan=plan)
@@ -196,32 +193,56 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
     if decision.complete:
         return dict(json.loads((run_dir / "summary.json").read_text()), already_complete=True)
     clear_preempted(run_dir)
+    journal_lost_launch(run_dir)
     _apply_defaults(args, run_dir, recovery=recovery, options=options)
     job.write()
+    return _supervise(args, run_dir, elastic=elastic, signals=preempt_signals,
+                      on_record=on_record, note=note if on_note else None, on_launch=on_launch)
+
+
+def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, Any],
+               signals: tuple[str, ...], on_record: Callable[[dict], None] | None,
+               note: Callable[[str], None] | None, on_launch: Callable[[], None] | None,
+               ) -> dict[str, Any]:
+    """Run torchrun with the watchdog and the stream tail around it; the launch's start and
+    end are recorded in ``launcher.jsonl`` (a launch with no end was killed)."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run as torchrun
+
     watch = watch_dir_for(os.getpid())
-    env = _worker_env(args, watch, preempt_signals)
+    env = _worker_env(args, watch, signals)
     dog = Watchdog(watch, run_dir=run_dir, on_observation=_StopOnBadInput(),
                    timeout_s=float(elastic.get("heartbeat_timeout_s", 3.0))).start()
     tail = _Tail([watch / "stream.jsonl", run_dir / "metrics.jsonl"], on_record, note) \
-        if (on_record or on_note) else None
+        if (on_record or note) else None
+    log_launch(run_dir, "launch_start")
+    outcome = "failed"
     failure: BaseException | None = None
     if on_launch is not None:
         on_launch()
     try:
-        with _environ(env), _agent_logs_to(run_dir / "logs" / "launcher.log",
-                                           AgentExitReports(dog)):
-            torchrun(args)
-    except ChildFailedError as err:
-        failure = err
-    except SignalException as err:
-        failure = err
+        try:
+            with _environ(env), _agent_logs_to(run_dir / "logs" / "launcher.log",
+                                               AgentExitReports(dog)):
+                torchrun(args)
+        except (ChildFailedError, SignalException) as err:
+            failure = err
+        finally:
+            dog.stop()
+            if tail:
+                tail.stop()
+        summary = _outcome(run_dir, watch, dog, failure, args)
+        outcome = "completed"
+        return summary
+    except RunPreempted:
+        outcome = "preempted"
+        raise
+    except SpecError:
+        outcome = "bad_input"
+        raise
     finally:
-        dog.stop()
-        if tail:
-            tail.stop()
-    try:
-        return _outcome(run_dir, watch, dog, failure, args)
-    finally:
+        log_launch(run_dir, "launch_end", outcome=outcome)
         shutil.rmtree(watch, ignore_errors=True)
 
 

@@ -478,6 +478,49 @@ def _oom_kills() -> int | None:
     return None
 
 
+def log_launch(run_dir: Path, kind: str, **details: Any) -> None:
+    """``launch_start`` / ``launch_end`` of one launcher process in ``launcher.jsonl``."""
+    _log(run_dir, dict(kind=kind, pid=os.getpid(), host=os.uname().nodename, **details))
+
+
+def journal_lost_launch(run_dir: Path) -> dict[str, Any] | None:
+    """A previous launch of this run that started and never ended (its launcher was killed,
+    or its machine went away) is an external fault nobody else could journal: journal it now,
+    with the last step its workers reported. Returns the record."""
+    records = []
+    try:
+        lines = (run_dir / LAUNCHER_JOURNAL).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    host = os.uname().nodename
+    starts = [r for r in records if r.get("kind") == "launch_start" and r.get("host") == host]
+    if not starts:
+        return None
+    last = starts[-1]
+    later = records[records.index(last) + 1:]
+    if any(r.get("kind") == "launch_end" and r.get("pid") == last["pid"] for r in later):
+        return None
+    steps = [r.get("step", 0) for r in later if r.get("kind") == "worker_end"]
+    record = dict(kind="launcher_lost", fault=f"external:launcher_lost:pid={last['pid']}",
+                  index=-1, source="external", rank=None, step=None, pid=last["pid"],
+                  time_unix_s=max([r.get("time_unix_s", 0.0) for r in later]
+                                  + [last["time_unix_s"]]),
+                  evidence=f"launch of pid {last['pid']} (started "
+                           f"{time.strftime('%H:%M:%S', time.localtime(last['time_unix_s']))}) "
+                           f"ended without a summary, a preemption or an error: the launcher "
+                           f"was killed or its node went away"
+                           + (f"; its workers had reached step {max(steps)}" if steps else ""))
+    append_journal(run_dir / "faults.jsonl", record)
+    _log(run_dir, dict(kind="launch_end", pid=last["pid"], host=host, outcome="lost",
+                       found_by=os.getpid()))
+    return record
+
+
 def _log(run_dir: Path, record: dict[str, Any]) -> None:
     append_journal(run_dir / LAUNCHER_JOURNAL, dict(record, time_unix_s=record.get(
         "time_unix_s", time.time())), fsync=False)
