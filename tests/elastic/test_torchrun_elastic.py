@@ -110,7 +110,11 @@ def test_node_lost_then_added_under_torchrun(tmp_path):
                 _kill_tree(proc)
 
     restarts = [e.payload for e in store_events(run, ["restart"]) if "restored_step" in e.payload]
-    assert [(r["saved_world_size"], r["world_size"]) for r in restarts] == [(2, 1), (1, 2)]
+    # If A formed a world of one before B joined, torchrun's agent stopped A's worker with
+    # SIGTERM when B came: it saved its step (a last-moment checkpoint) and the world of two
+    # resumed from it. Then the node loss (2 -> 1) and the node added (1 -> 2).
+    worlds = [(r["saved_world_size"], r["world_size"]) for r in restarts]
+    assert worlds[-2:] == [(2, 1), (1, 2)] and set(worlds[:-2]) <= {(1, 2)}, worlds
     assert all(r["source"] == "storage" for r in restarts)
     store = RunStore.open_readonly(run)
     try:
@@ -121,4 +125,4 @@ def test_node_lost_then_added_under_torchrun(tmp_path):
     finally:
         store.close()
     recovered = [e.payload for e in store_events(run, ["recovered"])]
-    assert len(recovered) == 2 and all(r["recovery_s"] > 0 for r in recovered)
+    assert len(recovered) == len(restarts) and all(r["recovery_s"] > 0 for r in recovered)

@@ -180,6 +180,13 @@ def run_worker(job: WorkerJob, *, beacon: Beacon | None = None,
                           cluster=cluster or pred.get("cluster"), checkpointer=checkpointer,
                           faults=faults, monitor=monitor, elastic=session, preempt=guard)
         emit.target = trainer.emit
+        if rank0:
+            # A preemption marker of an earlier attempt: this one trains on (torchrun's agent
+            # also stops healthy workers with SIGTERM when the job's membership changes; they
+            # save and stop like a preemption, and the next attempt resumes from it).
+            from trainpilot.runtime.rundir import clear_preempted
+
+            clear_preempted(run_dir)
         if "calibration" in pred:
             trainer.emit("calibration", dict(**pred["calibration"], note=pred["calibration_note"]))
         summary = trainer.fit()
