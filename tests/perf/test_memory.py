@@ -129,7 +129,8 @@ def test_zero3_buffer_holds_the_layer_in_the_reduce_dtype_too():
 
     def other_bytes(grad_bytes):
         est = Estimator(model, cluster, CostOptions(grad_reduce_bytes=grad_bytes))
-        stages, _, _ = est.group(layout_of(model, plan)).memory(layout_of(model, plan))
+        lay = layout_of(model, plan, est.options)
+        stages, _, _ = est.group(lay).memory(lay)
         return stages[0].memory["other"]
 
     # Gathered layer, prefetched layer, 16-bit gradients: 6 bytes; plus the fp32 copy: 4.

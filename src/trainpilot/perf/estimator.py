@@ -48,7 +48,6 @@ class Estimator:
         self.options = options or CostOptions()
         curve = self.options.curve or curve_for(cluster)
         self.net = Network.of(cluster, curve.collective_library)
-        self.dropout = self.options.dropout_for(model)
         self._moe = [model.is_moe_layer(i) for i in range(model.num_hidden_layers)]
         self._devices: dict[str, Device] = {}
         self._layers: dict[tuple, LayerCost] = {}
@@ -64,14 +63,21 @@ class Estimator:
         self._acts: dict[tuple, tuple[float, float, float]] = {}
 
     # -- cached pieces ---------------------------------------------------------------------
-    def device(self, precision: str) -> Device:
-        found = self._devices.get(precision)
+    def device(self, precision: str, host_us: float | None = None) -> Device:
+        """The device at ``precision``; ``host_us`` replaces the host time per kernel (the
+        runtime profile's, else the CostOptions override, else the device data's)."""
+        host_us = self.options.host_us_per_kernel if host_us is None else host_us
+        key = (precision, host_us)
+        found = self._devices.get(key)
         if found is None:
             curve = self.options.curve or curve_for(self.cluster)
-            if self.options.host_us_per_kernel is not None:
-                curve = curve.replace(host_us_per_kernel=self.options.host_us_per_kernel)
-            found = self._devices[precision] = device_model(self.cluster, precision, curve)
+            if host_us is not None:
+                curve = curve.replace(host_us_per_kernel=host_us)
+            found = self._devices[key] = device_model(self.cluster, precision, curve)
         return found
+
+    def lay_device(self, lay: Layout) -> Device:
+        return self.device(lay.precision, lay.rt.host_us)
 
     def placement(self, lay: Layout) -> Placement:
         dp_ep = lay.ep // _gcd(lay.ep, lay.cp)
@@ -136,8 +142,8 @@ class Estimator:
             tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
             seq_len=lay.seq_len,
             sequence_parallel=lay.sequence_parallel if sp is None else sp,
-            flash_attention=self.options.flash_attention, dropout=self.dropout,
-            ep_imbalance=self.options.ep_imbalance if lay.ep > 1 else 1.0,
+            flash_attention=lay.rt.flash_attention, dropout=lay.rt.dropout,
+            ep_imbalance=lay.rt.moe_imbalance if lay.ep > 1 else 1.0,
             gemm_input_bytes=_gemm_input_bytes(lay.precision),
         )
 
@@ -146,13 +152,14 @@ class Estimator:
         """(none, selective, full) activation bytes per layer and micro-batch (memory checks
         need no time model); ``micro_batch_size`` overrides the layout's."""
         mb = micro_batch_size or lay.micro_batch_size
-        key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp, lay.precision)
+        key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp, lay.precision,
+               lay.rt.flash_attention, lay.rt.dropout)
         found = self._acts.get(key)
         if found is None:
             setup = LayerSetup(
                 tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=mb, seq_len=lay.seq_len,
-                sequence_parallel=sp, flash_attention=self.options.flash_attention,
-                dropout=self.dropout, gemm_input_bytes=_gemm_input_bytes(lay.precision))
+                sequence_parallel=sp, flash_attention=lay.rt.flash_attention,
+                dropout=lay.rt.dropout, gemm_input_bytes=_gemm_input_bytes(lay.precision))
             found = self._acts[key] = activation_bytes(self.model, moe_layer, setup)
         return found
 
@@ -160,11 +167,11 @@ class Estimator:
         # A dense layer does not see expert parallelism: leave it out of the key.
         ep, ep_span = (lay.ep, spans["ep"]) if moe_layer else (1, None)
         key = (moe_layer, lay.tp, lay.cp, ep, lay.micro_batch_size, lay.seq_len,
-               lay.sequence_parallel, lay.precision, spans["tp"], spans["cp"], ep_span)
+               lay.sequence_parallel, lay.precision, spans["tp"], spans["cp"], ep_span, lay.rt)
         found = self._layers.get(key)
         if found is None:
             found = self._layers[key] = layer_cost(self.model, moe_layer, self._setup(lay),
-                                                   self.device(lay.precision), self.net, spans)
+                                                   self.lay_device(lay), self.net, spans)
         return found
 
     def params(self, lay: Layout, sig: _Sig) -> RankParams:
@@ -260,13 +267,13 @@ class Estimator:
         if lay.pp == 1:
             return 0.0
         key = (lay.micro_batch_size * lay.seq_len / (lay.cp * lay.tp), spans["pp"],
-               lay.precision)
+               lay.precision, lay.rt.host_us)
         found = self._p2p_cache.get(key)
         if found is None:
             # Megatron sends 1/tp of the activation per TP rank (scatter-gather optimisation).
             num_bytes = ACT_BYTES * key[0] * self.model.hidden_size
             found = self._p2p_cache[key] = max(self.net.p2p_s(spans["pp"], num_bytes),
-                                               self.device(lay.precision).host_coll_s)
+                                               self.lay_device(lay).host_coll_s)
         return found
 
     def _edges(self, lay: Layout, spans: dict[str, GroupSpan], first: bool,
@@ -276,7 +283,7 @@ class Estimator:
         if not (first or last):
             return 0.0, 0.0, 0.0, 0.0
         key = (lay.tp, lay.cp, lay.micro_batch_size, lay.seq_len, lay.sequence_parallel,
-               lay.precision, first, last, spans["tp"])
+               lay.precision, first, last, spans["tp"], lay.rt)
         found = self._edge_cache.get(key)
         if found is None:
             found = self._edge_cache[key] = self._edges_uncached(lay, spans, first, last)
@@ -284,7 +291,7 @@ class Estimator:
 
     def _edges_uncached(self, lay: Layout, spans: dict[str, GroupSpan], first: bool,
                         last: bool) -> tuple[float, float, float, float]:
-        dev = self.device(lay.precision)
+        dev = self.lay_device(lay)
         h, t, v = self.model.hidden_size, lay.tp, self.model.vocab_size
         tokens = lay.micro_batch_size * lay.seq_len / lay.cp
         tokens_sp = tokens / t if lay.sequence_parallel else tokens
@@ -318,8 +325,8 @@ class Estimator:
     def _data_parallel(self, lay: Layout, spans: dict[str, GroupSpan], st: StageNumbers,
                        sig: _Sig) -> None:
         """The stage's gradient/parameter traffic, its exposure and the optimizer step."""
-        dev = self.device(lay.precision)
-        gbytes = self.options.grad_bytes_for(lay.precision)
+        dev = self.lay_device(lay)
+        gbytes = lay.rt.grad_bytes
         tied = self.model.tie_word_embeddings and lay.pp > 1 and (sig.first or sig.last)
         key = (lay.zero, gbytes, st.params, spans["dp"], spans["expert_dp"], spans["pp"],
                spans.get("dp_shard"), lay.hierarchical, lay.bucket_mb, lay.dp_shard, tied,

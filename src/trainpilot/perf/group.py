@@ -35,7 +35,7 @@ class Group:
             self.spans = est.spans(lay)
             self.sg = est.signatures(lay)
             self.params = est.sig_params(lay)
-            self.dev = est.device(lay.precision)
+            self.dev = est.device(lay.precision, lay.rt.host_us)
         else:
             self.spans, self.sg, self.params, self.dev = like.spans, like.sg, like.params, \
                 like.dev
@@ -66,7 +66,8 @@ class Group:
                       global_batch_size=b.global_batch_size, seq_len=b.seq_len,
                       recompute=recompute, sequence_parallel=sp, precision=b.precision,
                       schedule=b.schedule, stage_layers=b.stage_layers, dp_shard=b.dp_shard,
-                      overlap=b.overlap, hierarchical=b.hierarchical, bucket_mb=b.bucket_mb)
+                      overlap=b.overlap, hierarchical=b.hierarchical, bucket_mb=b.bucket_mb,
+                      etp=b.etp, rank_order=b.rank_order, algorithm=b.algorithm, rt=b.rt)
 
     def layers(self, sp: bool) -> tuple[LayerCost, LayerCost]:
         """(dense, MoE) layer costs with or without sequence parallelism."""
@@ -148,12 +149,12 @@ class Group:
         tokens = lay.seq_len / lay.cp  # per sample
         tokens_sp = tokens / t if sp else tokens
         reserved = self.dev.curve.reserved_gib * 2**30
-        grad_bytes = est.options.grad_bytes_for(lay.precision)
+        grad_bytes = lay.rt.grad_bytes
         found = []
         for k, sig in enumerate(sg.sigs):
             params = self.params[k]
             act = (len(sig.ids) - sig.n_moe) * dense[pick] + sig.n_moe * moe[pick]
-            if sig.first and est.dropout:  # embedding dropout mask
+            if sig.first and lay.rt.dropout:  # embedding dropout mask
                 act += tokens_sp * h
             edge = 0.0
             if sig.last:  # final norm and output-layer inputs, fp32 logits for the loss

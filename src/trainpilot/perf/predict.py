@@ -92,9 +92,10 @@ def predict(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
     ``estimator`` to reuse its caches across many plans of the same model and cluster."""
     check_job(model, cluster, plan)
     est = estimator or Estimator(model, cluster, options)
-    costing = est.evaluate(layout_of(model, plan))
+    lay = layout_of(model, plan, est.options)
+    costing = est.evaluate(lay)
     return prediction_from(costing, plan, est.placement(costing.layout),
-                           caveats=caveats(model, cluster, plan, est.options))
+                           caveats=caveats(model, cluster, plan, est.options, lay))
 
 
 # Device curves fitted to measured iterations (see perf/data/efficiency.yaml).
@@ -107,7 +108,7 @@ CHECKED_CURVES = {
 
 
 def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
-            options: CostOptions) -> tuple[str, ...]:
+            options: CostOptions, lay=None) -> tuple[str, ...]:
     """What this plan relies on that the validation rows (2021-2023 Megatron(-DeepSpeed) on
     A100: dense GPT, TP/PP/DP, ZeRO 0, unfused attention, gradients reduced after the
     backward) never measured. An empty tuple means the plan is inside the validated regime."""
@@ -123,7 +124,8 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
         out.append("the distributed optimizer's gathers are modelled, not validated")
     if plan.comm.overlap and plan.dp * plan.cp > 1:
         out.append("overlapped gradient reduction is modelled, not validated")
-    if options.flash_attention:
+    flash = lay.rt.flash_attention if lay is not None else plan.runtime.resolved("flash_attention")
+    if flash:
         out.append("fused (flash) attention efficiency is not validated")
     if plan.cp > 1:
         out.append("context parallelism is modelled, not validated")

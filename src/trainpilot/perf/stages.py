@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from trainpilot.perf.layer import LayerCost
 from trainpilot.perf.memory import RankParams
+from trainpilot.perf.runtime import Runtime, resolve
 from trainpilot.perf.topology import GroupSpan
 from trainpilot.specs import ModelSpec, Plan, stage_layers
 
@@ -39,6 +40,10 @@ class Layout:
     overlap: bool = True
     hierarchical: bool = False
     bucket_mb: float = 25.0
+    etp: int | None = None  # expert tensor parallel size under MoE parallel folding
+    rank_order: str = "tp-cp-ep-pp-dp"
+    algorithm: str = "auto"  # NCCL algorithm choice (comm.algorithm)
+    rt: Runtime = Runtime()
 
     @property
     def num_micro_batches(self) -> int:
@@ -49,8 +54,9 @@ class Layout:
         return self.tp * self.pp * self.dp * self.cp
 
 
-def layout_of(model: ModelSpec, plan: Plan) -> Layout:
-    """A plan's Layout (raises SpecError when its layers cannot be split over the stages)."""
+def layout_of(model: ModelSpec, plan: Plan, options=None) -> Layout:
+    """A plan's Layout (raises SpecError when its layers cannot be split over the stages);
+    ``options`` (CostOptions) override what the documents say about the runtime."""
     return Layout(
         tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, cp=plan.cp, vp=plan.vp, zero=plan.zero,
         micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,
@@ -58,7 +64,8 @@ def layout_of(model: ModelSpec, plan: Plan) -> Layout:
         precision=plan.precision, schedule=str(plan.pp_schedule),
         stage_layers=tuple(stage_layers(model, plan)), dp_shard=plan.dp_shard,
         overlap=plan.comm.overlap, hierarchical=plan.comm.hierarchical,
-        bucket_mb=plan.comm.bucket_mb,
+        bucket_mb=plan.comm.bucket_mb, etp=plan.etp, rank_order=plan.rank_order,
+        algorithm=plan.comm.algorithm, rt=resolve(model, plan, options),
     )
 
 

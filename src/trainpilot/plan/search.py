@@ -29,7 +29,8 @@ from trainpilot.plan.space import (
     splits,
     tp_options,
 )
-from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
+from trainpilot.perf.runtime import resolve
+from trainpilot.specs import ClusterSpec, ModelSpec, Plan, RuntimeProfile, SpecError
 
 GIB = 2.0**30
 
@@ -123,7 +124,8 @@ class SearchResult(Sequence):
 
 def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, seq_len: int,
            top: int = 5, headroom: float = 0.1, precision: str = "bf16",
-           space: SearchSpace | None = None, options: CostOptions | None = None) -> SearchResult:
+           space: SearchSpace | None = None, options: CostOptions | None = None,
+           runtime: RuntimeProfile | None = None) -> SearchResult:
     """Rank every valid layout of ``model`` on all of ``cluster`` by predicted tokens/s among
     those whose peak memory fits in ``(1 - headroom)`` of the device's HBM.
 
@@ -134,9 +136,15 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     _check_args(model, cluster, global_batch_size, seq_len, top, headroom, precision)
     est = Estimator(model, cluster, options)
     limit = est.device(precision).hbm_bytes * (1.0 - headroom)
-    walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit, top)
+    runtime = runtime or RuntimeProfile()
+    template = Plan(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision,
+                    runtime=runtime)
+    rt = resolve(model, template, est.options)
+    walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit, top,
+                 rt)
     walk.run()
-    ranked = [_candidate(i + 1, model, cluster, e[3].variant(*e[4]), est, global_batch_size)
+    ranked = [_candidate(i + 1, model, cluster, e[3].variant(*e[4]), est, global_batch_size,
+                         runtime)
               for i, e in enumerate(sorted(walk.heap, key=lambda e: (-e[0], -e[1], -e[2])))]
     stats = SearchStats(enumerated=walk.enumerated, pruned_memory=walk.pruned,
                         pruned_bound=walk.pruned_bound, costed=walk.costed,
@@ -171,8 +179,9 @@ class _Walk:
     checked against memory with their most memory-saving variant, bounded below in time, and
     then expanded best bound first until no remaining bound can enter the top N."""
 
-    def __init__(self, model, cluster, est, space, gbs, seq_len, precision, limit, top):
+    def __init__(self, model, cluster, est, space, gbs, seq_len, precision, limit, top, rt=None):
         self.model, self.cluster, self.est, self.space = model, cluster, est, space
+        self.rt = rt if rt is not None else resolve(model, Plan(global_batch_size=gbs, seq_len=seq_len, precision=precision), est.options)
         self.gbs, self.seq_len, self.precision, self.limit, self.top = \
             gbs, seq_len, precision, limit, top
         self.heap: list[tuple] = []  # (1/step, -peak, -seq, group, (zero, recompute, sp))
@@ -276,7 +285,7 @@ class _Walk:
                                         global_batch_size=self.gbs, seq_len=self.seq_len,
                                         precision=self.precision,
                                         schedule="interleaved" if split.vp > 1 else "1f1b",
-                                        stage_layers=split.stage_layers)
+                                        stage_layers=split.stage_layers, rt=self.rt)
                             self.enumerated += len(mbs) * _count(variants)
                             yield base, mbs, variants, {}
 
@@ -407,7 +416,7 @@ def _most_saving(modes: tuple[str, ...]) -> str:
     raise SpecError("space.recompute", modes, "valid: some of none, selective, full")
 
 
-def layout_plan(lay: Layout, model: ModelSpec) -> Plan:
+def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = None) -> Plan:
     """The Plan document of a Layout (uneven stages become Megatron's first/last overrides)."""
     first = last = None
     counts = lay.stage_layers
@@ -418,12 +427,12 @@ def layout_plan(lay: Layout, model: ModelSpec) -> Plan:
                 seq_len=lay.seq_len, recompute=lay.recompute,
                 sequence_parallel=lay.sequence_parallel, precision=lay.precision,
                 pp_schedule=lay.schedule, pp_first_stage_layers=first,
-                pp_last_stage_layers=last)
+                pp_last_stage_layers=last, runtime=runtime or RuntimeProfile())
 
 
 def _candidate(rank: int, model: ModelSpec, cluster: ClusterSpec, lay: Layout, est: Estimator,
-               gbs: int) -> Candidate:
-    plan = layout_plan(lay, model)
+               gbs: int, runtime: RuntimeProfile | None = None) -> Candidate:
+    plan = layout_plan(lay, model, runtime)
     return Candidate(rank=rank, plan=plan, prediction=predict(model, cluster, plan, estimator=est))
 
 

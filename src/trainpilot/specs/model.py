@@ -71,6 +71,14 @@ class ModelSpec(Spec):
     max_position_embeddings: PositiveInt = 131072
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    # Attention and hidden dropout probability in training. None: Megatron's GPT default (0.1)
+    # for learned-position (GPT-style) models, none for RoPE models.
+    dropout: float | None = pydantic.Field(default=None, ge=0.0, lt=1.0)
+    # Sliding-window attention (GPT-OSS, Mistral): tokens attend to the previous
+    # ``sliding_window`` only, on layers whose index is a multiple of ``sliding_window_every``
+    # (1: every layer; 2: every other layer, starting with the first).
+    sliding_window: PositiveInt | None = None
+    sliding_window_every: PositiveInt = 1
 
     @pydantic.model_validator(mode="after")
     def _defaults_and_checks(self) -> ModelSpec:
@@ -114,6 +122,19 @@ class ModelSpec(Spec):
             return False
         k = self.moe.first_k_dense_layers
         return index >= k and (index - k) % self.moe.layer_freq == 0
+
+    def attention_span(self, index: int, seq_len: int) -> int:
+        """Keys a query attends to at most in layer ``index`` (the window, or the sequence)."""
+        if self.sliding_window is not None and index % self.sliding_window_every == 0:
+            return min(seq_len, self.sliding_window)
+        return seq_len
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether training applies dropout (see ``dropout``)."""
+        if self.dropout is not None:
+            return self.dropout > 0
+        return self.position_embedding == "learned"
 
     @property
     def num_moe_layers(self) -> int:

@@ -68,7 +68,7 @@ def causal_flops_per_token(model: ModelSpec, seq_len: int) -> float:
 
 def predict_case(case: Case, est: Estimator) -> float:
     """The model's value for the case's metric."""
-    lay = layout_of(case.model, case.plan)
+    lay = layout_of(case.model, case.plan, est.options)
     if case.metric == "step_time_s":
         return est.evaluate(lay).step_time_s
     if case.metric == "tflops_per_gpu":
