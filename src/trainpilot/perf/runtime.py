@@ -50,6 +50,7 @@ class Runtime:
     moe_imbalance: float = 1.1
     dropout: bool = False
     grad_bytes: int = 4
+    ep_dispatcher: str = "alltoall"
 
     def traffic(self, kind: str) -> float:
         """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
@@ -79,7 +80,7 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         host_us=prof.host_us_per_kernel, tp_overlap=bool(prof.resolved("tp_comm_overlap")),
         ep_overlap=bool(prof.resolved("ep_comm_overlap")),
         grad_sync=str(prof.resolved("grad_sync")), moe_imbalance=prof.moe_imbalance,
-        dropout=model.has_dropout, grad_bytes=grad_bytes(plan),
+        dropout=model.has_dropout, grad_bytes=grad_bytes(plan), ep_dispatcher=prof.ep_dispatcher,
     )
     if options is not None:
         for key, attr in (("flash_attention", "flash_attention"), ("dropout", "dropout"),

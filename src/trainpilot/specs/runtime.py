@@ -61,7 +61,7 @@ class RuntimeProfile(Spec):
     gradients reduced once per step at the last micro-batch (``step``: Megatron, DDP no_sync,
     FSDP2's sync flag) or after every micro-batch (``micro_batch``: DeepSpeed ZeRO-2, FSDP
     without no_sync). ``moe_imbalance``: tokens on the busiest expert rank over the mean (1.0
-    for force-balanced benchmarks).
+    for force-balanced benchmarks). ``ep_dispatcher``: see the field.
     """
 
     stack: Stack = "trainpilot"
@@ -73,6 +73,11 @@ class RuntimeProfile(Spec):
     ep_comm_overlap: bool | None = None
     grad_sync: Literal["step", "micro_batch"] | None = None
     moe_imbalance: float = pydantic.Field(default=1.1, ge=1.0)
+    # Token dispatch for expert parallelism: "alltoall" (NCCL all-to-all: each token copy
+    # crosses the network once per destination GPU) or "deepep" (DeepSeek's DeepEP /
+    # Megatron's flex dispatcher: one copy per destination node over the network, forwarded
+    # inside the node over NVLink).
+    ep_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> RuntimeProfile:
