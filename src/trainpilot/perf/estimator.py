@@ -16,7 +16,7 @@ optimizer step stage i cannot hide. For uniform stages the bubble term is Naraya
 
 from __future__ import annotations
 
-from trainpilot.perf.dataparallel import Traffic, exposed, traffic
+from trainpilot.perf.dataparallel import Traffic, exposed, per_unit, traffic
 from trainpilot.perf.flops import hardware_flops_per_token, model_flops_per_token
 from trainpilot.perf.group import Group
 from trainpilot.perf.hardware import Device, curve_for, device_model
@@ -61,6 +61,7 @@ class Estimator:
         self._flights: dict[tuple, tuple[float, ...]] = {}
         self._p2p_cache: dict[tuple, float] = {}
         self._acts: dict[tuple, tuple[float, float, float]] = {}
+        self._windows: dict[int, float] = {}
 
     # -- cached pieces ---------------------------------------------------------------------
     def device(self, precision: str, host_us: float | None = None) -> Device:
@@ -80,22 +81,23 @@ class Estimator:
         return self.device(lay.precision, lay.rt.host_us)
 
     def placement(self, lay: Layout) -> Placement:
-        dp_ep = lay.ep // _gcd(lay.ep, lay.cp)
-        sizes = (("tp", lay.tp), ("cp", lay.cp), ("dp_ep", dp_ep), ("pp", lay.pp),
-                 ("dp", lay.dp // dp_ep))
-        return Placement.from_sizes(sizes, self.cluster.devices_per_node,
-                                    int(self.cluster.nodes_per_rack))
+        return Placement.build(tp=lay.tp, cp=lay.cp, dp=lay.dp, pp=lay.pp, ep=lay.ep,
+                               etp=lay.etp, order=lay.rank_order,
+                               devices_per_node=self.cluster.devices_per_node,
+                               nodes_per_rack=int(self.cluster.nodes_per_rack))
 
     def spans(self, lay: Layout) -> dict[str, GroupSpan]:
-        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.dp_shard)
+        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.dp_shard, lay.etp, lay.rank_order)
         found = self._spans.get(key)
         if found is None:
             place = self.placement(lay)
-            found = place.groups(lay.ep)
+            found = place.groups()
             if lay.dp_shard:
                 axes = ("cp", "dp_ep", "dp")
-                found["dp_shard"] = place.span_prefix(axes, lay.dp_shard * lay.cp)
-                found["dp_replicate"] = place.span_stride(axes, lay.dp_shard * lay.cp)
+                found["dp_shard"] = place.sub_span(axes, lay.dp_shard * lay.cp,
+                                                   stride_part=False)
+                found["dp_replicate"] = place.sub_span(axes, lay.dp_shard * lay.cp,
+                                                       stride_part=True)
             self._spans[key] = found
         return found
 
@@ -144,8 +146,23 @@ class Estimator:
             sequence_parallel=lay.sequence_parallel if sp is None else sp,
             flash_attention=lay.rt.flash_attention, dropout=lay.rt.dropout,
             ep_imbalance=lay.rt.moe_imbalance if lay.ep > 1 else 1.0,
-            gemm_input_bytes=_gemm_input_bytes(lay.precision),
+            gemm_input_bytes=_gemm_input_bytes(lay.precision), etp=lay.etp or 0, rt=lay.rt,
+            window_factor=self.window_factor(lay.seq_len),
+            num_micro_batches=min(lay.num_micro_batches, 2),
         )
+
+    def window_factor(self, seq_len: int) -> float:
+        """Keys per query averaged over the layers, relative to the causal half of the
+        sequence (1.0 without sliding windows)."""
+        found = self._windows.get(seq_len)
+        if found is None:
+            total = 0.0
+            for index in range(self.model.num_hidden_layers):
+                span = self.model.attention_span(index, seq_len)
+                total += 1.0 if span >= seq_len else span * (1 - span / (2 * seq_len)) / \
+                    (seq_len / 2)
+            found = self._windows[seq_len] = total / self.model.num_hidden_layers
+        return found
 
     def layer_act(self, lay: Layout, moe_layer: bool, sp: bool,
                   micro_batch_size: int | None = None) -> tuple[float, float, float]:
@@ -153,21 +170,24 @@ class Estimator:
         need no time model); ``micro_batch_size`` overrides the layout's."""
         mb = micro_batch_size or lay.micro_batch_size
         key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp, lay.precision,
-               lay.rt.flash_attention, lay.rt.dropout)
+               lay.rt.flash_attention, lay.rt.dropout, lay.etp)
         found = self._acts.get(key)
         if found is None:
             setup = LayerSetup(
                 tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=mb, seq_len=lay.seq_len,
                 sequence_parallel=sp, flash_attention=lay.rt.flash_attention,
-                dropout=lay.rt.dropout, gemm_input_bytes=_gemm_input_bytes(lay.precision))
+                dropout=lay.rt.dropout, gemm_input_bytes=_gemm_input_bytes(lay.precision),
+                etp=lay.etp or 0)
             found = self._acts[key] = activation_bytes(self.model, moe_layer, setup)
         return found
 
     def layer(self, lay: Layout, moe_layer: bool, spans: dict[str, GroupSpan]) -> LayerCost:
         # A dense layer does not see expert parallelism: leave it out of the key.
         ep, ep_span = (lay.ep, spans["ep"]) if moe_layer else (1, None)
+        etp = (lay.etp, spans.get("etp")) if moe_layer else None
         key = (moe_layer, lay.tp, lay.cp, ep, lay.micro_batch_size, lay.seq_len,
-               lay.sequence_parallel, lay.precision, spans["tp"], spans["cp"], ep_span, lay.rt)
+               lay.sequence_parallel, lay.precision, spans["tp"], spans["cp"], ep_span, lay.rt,
+               etp, lay.num_micro_batches >= 2)
         found = self._layers.get(key)
         if found is None:
             found = self._layers[key] = layer_cost(self.model, moe_layer, self._setup(lay),
@@ -328,17 +348,20 @@ class Estimator:
         dev = self.lay_device(lay)
         gbytes = lay.rt.grad_bytes
         tied = self.model.tie_word_embeddings and lay.pp > 1 and (sig.first or sig.last)
+        units = per_unit(lay.rt.stack, lay.zero)
+        sync = lay.rt.grad_sync
         key = (lay.zero, gbytes, st.params, spans["dp"], spans["expert_dp"], spans["pp"],
                spans.get("dp_shard"), lay.hierarchical, lay.bucket_mb, lay.dp_shard, tied,
-               len(sig.ids))
+               len(sig.ids), units, sync, lay.algorithm)
         tr = self._traffic.get(key)
         if tr is None:
             tied_bytes = gbytes * self.model.vocab_size * self.model.hidden_size / lay.tp \
                 if tied else 0.0
             tr = self._traffic[key] = traffic(
-                self.net, zero=lay.zero, params=st.params, grad_bytes=gbytes, spans=spans,
-                hierarchical=lay.hierarchical, bucket_bytes=lay.bucket_mb * 1e6,
-                dp_shard=lay.dp_shard, tied_bytes=tied_bytes, num_layers=len(sig.ids))
+                self.net.with_algorithm(lay.algorithm), zero=lay.zero, params=st.params,
+                grad_bytes=gbytes, spans=spans, hierarchical=lay.hierarchical,
+                bucket_bytes=lay.bucket_mb * 1e6, dp_shard=lay.dp_shard, tied_bytes=tied_bytes,
+                num_layers=len(sig.ids), units=units, sync=sync)
         ov, sigma = lay.overlap, dev.curve.overlap_slowdown
         st.fsdp_fwd_s = exposed(tr.mb_fwd_s, st.fwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
         st.fsdp_bwd_s = exposed(tr.mb_bwd_s, st.bwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
@@ -351,6 +374,8 @@ class Estimator:
         st.dp_comm_s = tr.step_s
         grad_bytes = int(gbytes * st.params.total)
         size = max(1, int(lay.bucket_mb * 1e6))
+        if units:
+            size = max(1, int(gbytes * st.params.largest_layer))
         full, rest = divmod(grad_bytes, size)
         st.bucket_bytes = tuple([size] * full + ([rest] if rest else []))
         shards = (lay.dp_shard or lay.dp) * lay.cp

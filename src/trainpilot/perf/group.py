@@ -106,7 +106,9 @@ class Group:
         mb = micro_batch_size or lay.micro_batch_size
         m = lay.global_batch_size // (mb * lay.dp)
         peak, peak_stage = -1.0, 0
-        for k, (_, _, _, static, act, edge) in enumerate(self._coefficients(zero, mode, sp)):
+        unsharded = lay.rt.grad_sync == "step" and m > 1
+        for k, (_, _, _, static, act, edge) in enumerate(
+                self._coefficients(zero, mode, sp, unsharded)):
             i = self.sg.first_index[k]
             flight = self.flight[k] if mb == lay.micro_batch_size else \
                 self.est.flight(lay.schedule, i, lay.pp, lay.vp, m, self.sg.sigs[k].chunks)
@@ -119,7 +121,8 @@ class Group:
         """Per-signature StageNumbers with their bytes, the peak bytes and its rank."""
         out: list[StageNumbers] = []
         mb = lay.micro_batch_size
-        coeffs = self._coefficients(lay.zero, lay.recompute, lay.sequence_parallel)
+        unsharded = lay.rt.grad_sync == "step" and lay.num_micro_batches > 1
+        coeffs = self._coefficients(lay.zero, lay.recompute, lay.sequence_parallel, unsharded)
         for k, (weights, grads, optim, static, act, edge) in enumerate(coeffs):
             st = StageNumbers(index=k, layers=len(self.sg.sigs[k].ids), params=self.params[k],
                               static_bytes=static[0] + mb * static[1], act_bytes=mb * act,
@@ -130,18 +133,21 @@ class Group:
         peak, stage = self.peak(lay.zero, lay.recompute, lay.sequence_parallel)
         return out, peak, stage
 
-    def _coefficients(self, zero: int, mode: str, sp: bool) -> list[tuple]:
+    def _coefficients(self, zero: int, mode: str, sp: bool, unsharded: bool = False
+                      ) -> list[tuple]:
         """Per signature: (weights, grads, optimizer, (fixed, per-sample) static bytes,
         activation bytes per in-flight micro-batch per sample, output-layer bytes per sample).
         Activations, logits and the re-materialised layer are exactly linear in the
         micro-batch size, so a peak at any size is arithmetic on these."""
-        key = (zero, mode, sp)
+        key = (zero, mode, sp, unsharded)
         found = self._coeffs.get(key)
         if found is not None:
             return found
         est, lay, sg = self.est, self.base, self.sg
-        (w_d, g_d, o_d), (w_e, g_e, o_e) = (bytes_per_param(zero, self.shards),
-                                            bytes_per_param(zero, self.expert_shards))
+        gb = lay.rt.grad_bytes
+        (w_d, g_d, o_d), (w_e, g_e, o_e) = (
+            bytes_per_param(zero, self.shards, gb, unsharded),
+            bytes_per_param(zero, self.expert_shards, gb, unsharded))
         dense = est.layer_act(lay, False, sp, 1)  # (none, selective, full) bytes at mb = 1
         moe = est.layer_act(lay, True, sp, 1) if est.model.is_moe else dense
         pick = _MODE_INDEX[mode]

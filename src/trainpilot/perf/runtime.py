@@ -24,15 +24,18 @@ from trainpilot.specs import ModelSpec, Plan
 
 # Eager PyTorch decompositions, counted as (full-tensor passes through HBM relative to the fused
 # kernel, kernels issued) for one forward; backward kernels follow the same ratio.
-# RMSNorm/LayerNorm under autocast: cast to fp32, square, mean, rsqrt, two multiplies, cast
-# back: ~3.5x the fused kernel's traffic (fp32 intermediates count double), 7 kernels.
-# SwiGLU: silu (read, write) then multiply (two reads, one write): 5 passes vs the fused
-# kernel's 3 -> 1.7x, 2 kernels; GeLU (tanh form) without fusion: ~1.3x (bias add separate).
-# RoPE (rotate_half form): slicing, negation, concatenation, two multiplies, an add: ~3x, 6
-# kernels. Residual add and dropout: no difference (already one kernel each in eager mode).
-# Cross-entropy: log_softmax + nll in fp32: 1.5x the fused loss's traffic, 3 kernels.
-UNFUSED_TRAFFIC = {"norm": 3.5, "swiglu": 1.7, "gelu": 1.3, "rope": 3.0, "loss": 1.5}
-UNFUSED_KERNELS = {"norm": 7, "swiglu": 2, "gelu": 2, "rope": 6, "loss": 3}
+# * RMSNorm written in PyTorch ops under autocast (Llama-style models, torchtitan): cast to
+#   fp32, square, mean, rsqrt, two multiplies, cast back: 7 kernels moving ~3.5x the fused
+#   kernel's bytes (the fp32 intermediates count double).
+# * LayerNorm and GeLU: one native ATen kernel each in eager mode too (no difference).
+# * SwiGLU, silu(a) * b: silu reads a and writes s, the multiply reads s and b and writes: 5
+#   passes against the fused kernel's 3 (1.7x), 2 kernels.
+# * RoPE in the rotate-half / complex-multiply form: slices, negation, concatenation, two
+#   multiplies and an add: ~3x the bytes, 6 kernels.
+# * The loss: log_softmax and nll over fp32 logits: 1.5x the fused vocab-parallel loss, 3.
+UNFUSED_TRAFFIC = {"rmsnorm": 3.5, "layernorm": 1.0, "swiglu": 1.7, "gelu": 1.0, "rope": 3.0,
+                   "loss": 1.5}
+UNFUSED_KERNELS = {"rmsnorm": 7, "layernorm": 1, "swiglu": 2, "gelu": 1, "rope": 6, "loss": 3}
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,10 +61,12 @@ class SearchStats:
     costed: int
     feasible: int
     wall_s: float
+    duplicates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(enumerated=self.enumerated, pruned_memory=self.pruned_memory,
-                    pruned_bound=self.pruned_bound, costed=self.costed, feasible=self.feasible,
+                    pruned_bound=self.pruned_bound, duplicates=self.duplicates,
+                    costed=self.costed, feasible=self.feasible,
                     wall_s=self.wall_s)
 
 
@@ -147,7 +149,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
                          runtime)
               for i, e in enumerate(sorted(walk.heap, key=lambda e: (-e[0], -e[1], -e[2])))]
     stats = SearchStats(enumerated=walk.enumerated, pruned_memory=walk.pruned,
-                        pruned_bound=walk.pruned_bound, costed=walk.costed,
+                        pruned_bound=walk.pruned_bound, duplicates=walk.duplicates,
+                        costed=walk.costed,
                         feasible=walk.feasible, wall_s=time.perf_counter() - start)
     shortfall = None if ranked else _shortfall(walk, cluster, limit)
     return SearchResult(model=model, cluster=cluster, global_batch_size=global_batch_size,
@@ -186,6 +189,7 @@ class _Walk:
             gbs, seq_len, precision, limit, top
         self.heap: list[tuple] = []  # (1/step, -peak, -seq, group, (zero, recompute, sp))
         self.enumerated = self.pruned = self.pruned_bound = self.costed = self.feasible = 0
+        self.duplicates = 0
         self.closest: tuple[float, Layout] | None = None  # smallest peak seen (nothing fits)
         self.sps = tuple(space.sequence_parallel)
         self.most_saving = _most_saving(space.recompute)
@@ -255,7 +259,7 @@ class _Walk:
             zeros, _, sps = variants
             self._note_closest(peak, group.variant(max(zeros), self.most_saving, True in sps))
             return
-        fit = info["fit"]
+        fit = len(info["fit"])
         self.pruned += (len(mbs) - fit) * _count(variants)
         self.pruned_bound += fit * _count(variants)
 
@@ -334,10 +338,21 @@ class _Walk:
         info["like"] = first
         zero, sp_min = max(zeros), True in sps
         fit_last = {}  # mode -> index of the largest size that fits
+        # Peak memory never falls as the micro-batch grows, except at the size that leaves
+        # one micro-batch per step, where gradients no longer accumulate unsharded: bisect
+        # the others and test that one on its own.
+        single = len(mbs) - 1 if self.gbs // (mbs[-1] * base["dp"]) == 1 else None
+        top = len(mbs) - 1 if single is None else len(mbs) - 2
+        last_fits = set()
         for mode in modes:
-            if first.peak(zero, mode, sp_min)[0] > self.limit:
+            if single is not None and first.peak(zero, mode, sp_min, mbs[single])[0] <= \
+                    self.limit:
+                last_fits.add(mode)
+            if top < 0 or first.peak(zero, mode, sp_min)[0] > self.limit:
+                if mode in last_fits:
+                    fit_last[mode] = -1
                 continue
-            lo, hi = 0, len(mbs) - 1
+            lo, hi = 0, top
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if first.peak(zero, mode, sp_min, mbs[mid])[0] <= self.limit:
@@ -346,10 +361,15 @@ class _Walk:
                     hi = mid - 1
             fit_last[mode] = lo
         if not fit_last:
-            info["fit"] = 0
+            info["fit"] = []
             info["closest"] = (first.peak(zero, self.most_saving, sp_min)[0], first)
             return math.inf
-        info["fit"] = max(fit_last.values()) + 1
+        fits = set(range(max(fit_last.values()) + 1))
+        if last_fits:
+            fits.add(single)
+        info["fit"] = sorted(fits)
+        for mode in last_fits:  # the bound below uses the largest size each mode reaches
+            fit_last[mode] = single
         bound = math.inf
         per_replica = self.gbs / base["dp"]
         for mode, last in fit_last.items():
@@ -364,9 +384,9 @@ class _Walk:
         that do not fit are counted as pruned by memory."""
         base, mbs, variants, info = family
         fit = info["fit"]
-        self.pruned += (len(mbs) - fit) * _count(variants)
-        return [(bound, _UNREFINED, self._seq(), (base, mb, variants, info["like"]))
-                for mb in mbs[:fit]]
+        self.pruned += (len(mbs) - len(fit)) * _count(variants)
+        return [(bound, _UNREFINED, self._seq(), (base, mbs[i], variants, info["like"]))
+                for i in fit]
 
     def _expand(self, group, variants: tuple) -> None:
         """Cost the group's variants: for each (sequence parallelism, ZeRO stage), the lightest
@@ -374,8 +394,13 @@ class _Walk:
         without costing."""
         zeros, modes, sps = variants
         order = [mode for mode in RECOMPUTE if mode in modes]
+        lay = group.base
         for sp in sps:
             for zero in zeros:
+                if is_duplicate(zero, zeros, lay.dp * lay.cp, lay.num_micro_batches,
+                                lay.rt.grad_sync):
+                    self.duplicates += len(order)
+                    continue
                 for j, mode in enumerate(order):
                     if group.lower_bound(sp, mode) >= self._kth():
                         self.pruned_bound += len(order) - j  # heavier modes are slower still
@@ -403,6 +428,20 @@ class _Walk:
 
 
 _FAMILY, _UNREFINED, _GROUP, _COARSE = 0, 1, 2, 3
+
+
+def is_duplicate(zero: int, zeros: tuple[int, ...], shards: int, num_micro_batches: int,
+                 grad_sync: str) -> bool:
+    """Whether ZeRO stage ``zero`` is, for this layout, the same plan as a lower stage in
+    ``zeros``: with one shard every stage is ZeRO-0 (nothing to shard); with gradients
+    reduced once per step over several micro-batches, ZeRO-2 moves and holds what ZeRO-1
+    does (the gradients accumulate unsharded either way)."""
+    lower = [z for z in zeros if z < zero]
+    if not lower:
+        return False
+    if shards == 1:
+        return True
+    return zero == 2 and 1 in zeros and grad_sync == "step" and num_micro_batches > 1
 
 
 def _count(variants: tuple) -> int:

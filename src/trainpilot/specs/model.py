@@ -26,9 +26,19 @@ class MoESpec(Spec):
     layer_freq: PositiveInt = 1
     # Auxiliary load-balancing loss weight (Switch Transformer; Mixtral uses 0.02).
     aux_loss_coeff: float = pydantic.Field(default=0.01, ge=0)
+    # Group-limited routing (DeepSeek's n_group / topk_group): experts in this many groups, a
+    # token routed within its best ``topk_groups`` groups (node-limited when groups are nodes).
+    num_expert_groups: PositiveInt = 1
+    topk_groups: PositiveInt | None = None
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> MoESpec:
+        if self.topk_groups is not None and self.topk_groups > self.num_expert_groups:
+            raise SpecError("topk_groups", self.topk_groups,
+                            f"exceeds num_expert_groups={self.num_expert_groups}")
+        if self.num_experts % self.num_expert_groups:
+            raise SpecError("num_expert_groups", self.num_expert_groups,
+                            f"does not divide num_experts={self.num_experts}")
         if self.top_k > self.num_experts:
             raise SpecError("top_k", self.top_k,
                             f"top_k={self.top_k} exceeds num_experts={self.num_experts}; "
