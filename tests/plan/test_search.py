@@ -74,7 +74,8 @@ def test_statistics_account_for_every_layout():
     model, cluster = load_model("gpt3-175b"), load_cluster("a100-80gb-x1024")
     result = search(model, cluster, global_batch_size=1536, seq_len=2048, top=5)
     s = result.stats
-    assert s.enumerated == s.pruned_memory + s.pruned_bound + s.duplicates + s.costed > 100_000
+    # (TP stays inside a node by default: tp <= 8 here.)
+    assert s.enumerated == s.pruned_memory + s.pruned_bound + s.duplicates + s.costed > 50_000
     assert s.feasible == s.costed >= len(result) == 5
     assert s.wall_s > 0
     steps = [c.prediction.step_time_s for c in result]

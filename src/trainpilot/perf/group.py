@@ -11,11 +11,11 @@ from trainpilot.perf.memory import bytes_per_param
 from trainpilot.perf.stages import (
     _MODE_INDEX,
     OPT_BYTES_PER_PARAM,
-    ZB_BUBBLE,
     Layout,
     StageNumbers,
     _add_edges,
     _add_layers,
+    pipeline_bubble,
 )
 
 if TYPE_CHECKING:
@@ -220,11 +220,21 @@ class Group:
             dense.ep_fwd_s + dense.ep_bwd_s
         e = moe.fwd_compute_s + moe.bwd_compute_s + moe.tp_fwd_s + moe.tp_bwd_s + \
             moe.ep_fwd_s + moe.ep_bwd_s
-        periods = [(len(sig.ids) - sig.n_moe) * d + sig.n_moe * e + sum(self.edges(sp, k))
-                   for k, sig in enumerate(self.sg.sigs)]
-        busy = sum(n * t for n, t in zip(self.sg.count, periods))
-        bubble = (busy - max(periods)) / self.base.vp
-        return bubble * ZB_BUBBLE if self.base.schedule == "zero_bubble" else bubble
+        periods, wgrads = self._rank_periods(d, e, dense.wgrad_s, moe.wgrad_s, sp)
+        return pipeline_bubble(self.base.schedule, periods, wgrads, self.base.vp)
+
+    def _rank_periods(self, d: float, e: float, wd: float, we: float, sp: bool
+                      ) -> tuple[list[float], list[float]]:
+        """Per pipeline rank: (period, weight-gradient seconds) from per-layer dense/MoE
+        periods ``d``/``e`` and weight-gradient times ``wd``/``we``, with the edge stages'
+        embedding and output layer."""
+        periods, wgrads = [], []
+        for k in self.sg.of_stage:
+            sig = self.sg.sigs[k]
+            n_d = len(sig.ids) - sig.n_moe
+            periods.append(n_d * d + sig.n_moe * e + sum(self.edges(sp, k)))
+            wgrads.append(n_d * wd + sig.n_moe * we)
+        return periods, wgrads
 
     def per_sample_bound(self, sp: bool, recompute: str = "none") -> float:
         """Seconds per sequence (per data-parallel replica) that no smaller micro-batch of this
@@ -284,9 +294,12 @@ class Group:
             opt = params.dense / shards + params.expert / expert_shards
             opt_max = max(opt_max, dev.memory_s(OPT_BYTES_PER_PARAM * opt), 4 * dev.host_s)
         m, p, v = lay.num_micro_batches, lay.pp, lay.vp
-        bubble = (busy - crit) / v if p > 1 else 0.0
         if lay.schedule == "zero_bubble":
-            bubble *= ZB_BUBBLE
+            periods, wgrads = self._rank_periods(d_period, m_period, dense.wgrad_s,
+                                                 moe.wgrad_s, sp)
+            bubble = pipeline_bubble(lay.schedule, periods, wgrads, v)
+        else:
+            bubble = (busy - crit) / v if p > 1 else 0.0
         pp_comm = 2 * self.p2p * (m * v + p - 2) if p > 1 else 0.0
         return m * crit + bubble + pp_comm + opt_max
 
@@ -310,10 +323,9 @@ class Group:
         sg = self.sg
         m, p, v = lay.num_micro_batches, lay.pp, lay.vp
         crit = max(stages, key=lambda s: s.period_s)
-        busy = sum(n * st.period_s for n, st in zip(sg.count, stages))
-        bubble = (busy - crit.period_s) / v if p > 1 else 0.0
-        if lay.schedule == "zero_bubble":
-            bubble *= ZB_BUBBLE
+        ranks = [stages[k] for k in sg.of_stage]
+        bubble = pipeline_bubble(lay.schedule, [st.period_s for st in ranks],
+                                 [st.wgrad_s for st in ranks], v)
         pp_comm = 2 * self.p2p * (m * v + p - 2) if p > 1 else 0.0
         # Stage i finishes its last backward sum_{j<i} B_j / v before stage 0 does and starts
         # its first forward sum_{j<i} F_j / v after it: slack that hides data-parallel traffic.

@@ -148,15 +148,55 @@ def load_curves(path: str | Path | None = None) -> dict[str, EfficiencyCurve]:
     return {name: curve_from_dict(name, entry) for name, entry in data.items()}
 
 
+# The roofline default for a device without efficiency data (docs/cost_model.md, "New
+# devices"): the best large-GEMM share typical of tensor-core accelerators (A100 0.87, H100
+# 0.81, B200 0.74 in the bundled data: their mean), a kernel floor of a few microseconds, and
+# the rest of the data at typical values.
+ROOFLINE_CEILING = 0.80
+ROOFLINE_KERNEL_FLOOR_S = 5e-6
+ROOFLINE_HBM_EFFICIENCY = 0.8
+
+
+def roofline_curve(name: str, peak_tflops: float, hbm_gbytes_per_s: float) -> EfficiencyCurve:
+    """Efficiency data derived from a device's own peak and HBM bandwidth: a square 16-bit
+    GEMM of F FLOPs (n = (F/2)^(1/3)) moves 6 n^2 bytes, so its arithmetic intensity is n/3
+    FLOPs per byte; its efficiency is ``ceiling x min(1, intensity x HBM / peak, F / (peak x
+    floor))`` at 10^7 .. 10^13 FLOPs, kept non-decreasing."""
+    peak, hbm = peak_tflops * 1e12, hbm_gbytes_per_s * 1e9 * ROOFLINE_HBM_EFFICIENCY
+    points, last = [], 0.0
+    for tenth in range(70, 131, 5):
+        flops = 10 ** (tenth / 10)
+        n = (flops / 2) ** (1 / 3)
+        eff = ROOFLINE_CEILING * min(1.0, n / 3 * hbm / peak,
+                                     flops / (peak * ROOFLINE_KERNEL_FLOOR_S))
+        last = max(last, min(max(eff, 1e-4), 1.0))
+        points.append((tenth / 10, round(last, 5)))
+    return EfficiencyCurve(name=name, gemm_points=tuple(points), flash_attention_efficiency=0.5,
+                           hbm_efficiency=ROOFLINE_HBM_EFFICIENCY, host_us_per_kernel=10.0,
+                           host_us_per_collective=20.0, overlap_slowdown=1.15,
+                           reserved_gib=2.5)
+
+
+def is_roofline(cluster: ClusterSpec) -> bool:
+    """Whether the cluster's device has no efficiency data and gets the roofline default."""
+    device = cluster.device
+    return device.efficiency_curve is None and device.name not in _bundled()
+
+
 def curve_for(cluster: ClusterSpec) -> EfficiencyCurve:
-    """The bundled curve named by the cluster's device (``efficiency_curve``, else its name)."""
+    """The bundled curve named by the cluster's device (``efficiency_curve``, else its name);
+    a device that names none and has no data of its own name gets ``roofline_curve``."""
     device = cluster.device
     key = device.efficiency_curve or device.name
     curves = _bundled()
-    if key not in curves:
-        raise SpecError("cluster.device.efficiency_curve", key,
-                        f"no efficiency data; valid: {', '.join(curves)}")
-    return curves[key]
+    if key in curves:
+        return curves[key]
+    if device.efficiency_curve is None:
+        return roofline_curve(device.name, device.peak_flops("bf16") / 1e12,
+                              device.hbm_gbytes_per_s)
+    raise SpecError("cluster.device.efficiency_curve", key,
+                    f"no efficiency data; valid: {', '.join(curves)}, or leave it unset for "
+                    "a roofline default from the device's peak and HBM bandwidth")
 
 
 @dataclass(frozen=True, kw_only=True)

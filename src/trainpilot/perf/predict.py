@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainpilot.perf.estimator import Estimator
+from trainpilot.perf.flops import convention_flops_per_token
 from trainpilot.perf.memory import GIB
 from trainpilot.perf.options import CostOptions
 from trainpilot.perf.stages import BREAKDOWN_KEYS, Costing, StageNumbers, layout_of
@@ -41,13 +42,20 @@ class StageCost:
     cp_comm_s: float  # exposed ring-attention transfers inside fwd_s + bwd_s
     memory: dict[str, float]  # GiB: weights, grads, optimizer, activations, other, total
     params: float  # parameters held by one rank of this stage
+    wgrad_s: float = 0.0  # weight-gradient GEMMs inside bwd_s (a zero-bubble schedule's W)
+
+    @property
+    def weight_grad_share(self) -> float:
+        """``wgrad_s / bwd_s`` (sim's ``StageCosts.weight_grad_share``)."""
+        return self.wgrad_s / self.bwd_s if self.bwd_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(index=self.index, layers=self.layers, fwd_s=self.fwd_s, bwd_s=self.bwd_s,
                     p2p_s=self.p2p_s, dp_comm_s=self.dp_comm_s,
                     dp_bucket_bytes=list(self.dp_bucket_bytes), optimizer_s=self.optimizer_s,
                     ep_comm_s=self.ep_comm_s, tp_comm_s=self.tp_comm_s,
-                    cp_comm_s=self.cp_comm_s, memory=dict(self.memory), params=self.params)
+                    cp_comm_s=self.cp_comm_s, memory=dict(self.memory), params=self.params,
+                    wgrad_s=self.wgrad_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,12 +75,17 @@ class Prediction:
     placement: dict[str, Any]  # group spans over the cluster tree and the axis order
     num_micro_batches: int
     caveats: tuple[str, ...] = ()  # what this plan uses that no validation row measured
+    # TFLOP/s per device and MFU in each named FLOP convention (perf.flops.CONVENTIONS):
+    # {"megatron_full": {...}, "megatron_causal": {...}}; tflops_per_device / mfu above are
+    # the megatron_full ones.
+    flops: dict[str, dict[str, float]] = field(default_factory=dict)
     _place: Placement | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Exactly what ``trainpilot predict --json`` prints."""
         return dict(step_time_s=self.step_time_s, tokens_per_s=self.tokens_per_s,
                     tflops_per_device=self.tflops_per_device, mfu=self.mfu, hfu=self.hfu,
+                    flops_convention="megatron_full", flops=self.flops,
                     fits=self.fits, memory_gib=self.memory_gib, breakdown_s=self.breakdown_s,
                     num_micro_batches=self.num_micro_batches, placement=self.placement,
                     caveats=list(self.caveats))
@@ -95,7 +108,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, plan: Plan, *,
     lay = layout_of(model, plan, est.options)
     costing = est.evaluate(lay)
     return prediction_from(costing, plan, est.placement(costing.layout),
-                           caveats=caveats(model, cluster, plan, est.options, lay))
+                           caveats=caveats(model, cluster, plan, est.options, lay), model=model)
 
 
 # Device curves fitted to measured iterations (see perf/data/efficiency.yaml).
@@ -112,9 +125,15 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
     """What this plan relies on that the validation rows (2021-2023 Megatron(-DeepSpeed) on
     A100: dense GPT, TP/PP/DP, ZeRO 0, unfused attention, gradients reduced after the
     backward) never measured. An empty tuple means the plan is inside the validated regime."""
+    from trainpilot.perf.hardware import is_roofline
+
     out = []
     curve = cluster.device.efficiency_curve or cluster.device.name
-    if curve in CHECKED_CURVES:
+    if is_roofline(cluster):
+        out.append(f"device {cluster.device.name!r} has no efficiency data: a roofline default "
+                   "from its peak FLOP/s and HBM bandwidth is used (perf.hardware."
+                   "roofline_curve); measure and add its data for real predictions")
+    elif curve in CHECKED_CURVES:
         out.append(CHECKED_CURVES[curve])
     elif curve not in CALIBRATED_CURVES:
         out.append(f"{curve} efficiency data is not calibrated against measured runs")
@@ -137,7 +156,7 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
 
 
 def prediction_from(c: Costing, plan: Plan, place: Placement,
-                    caveats: tuple[str, ...] = ()) -> Prediction:
+                    caveats: tuple[str, ...] = (), model: ModelSpec | None = None) -> Prediction:
     """Package an Estimator costing as a Prediction."""
     lay = c.layout
     devices = lay.world_size
@@ -150,12 +169,17 @@ def prediction_from(c: Costing, plan: Plan, place: Placement,
                   per_stage=per_stage)
     placement = dict(order=["tp", "cp", "dp (EP part)", "pp", "dp"],
                      groups={k: v.to_dict() for k, v in c.spans.items()})
+    flops = {}
+    for name in ("megatron_full", "megatron_causal"):
+        per_token = convention_flops_per_token(model, lay.seq_len, name) if model else 0.0
+        rate = per_token * tokens / devices if model else tflops
+        flops[name] = dict(tflops_per_device=rate / 1e12, mfu=rate / c.peak_flops)
     return Prediction(
         plan=plan, step_time_s=c.step_time_s, tokens_per_s=tokens, tflops_per_device=tflops / 1e12,
         mfu=tflops / c.peak_flops, hfu=hw / c.peak_flops, fits=c.peak_bytes <= c.hbm_bytes,
         memory_gib=memory, breakdown_s={k: c.breakdown_s[k] for k in BREAKDOWN_KEYS},
         stages=stages, placement=placement, num_micro_batches=lay.num_micro_batches,
-        caveats=caveats, _place=place,
+        caveats=caveats, flops=flops, _place=place,
     )
 
 
@@ -166,4 +190,5 @@ def _stage_cost(s: StageNumbers) -> StageCost:
         dp_bucket_bytes=s.bucket_bytes, optimizer_s=s.optimizer_s, ep_comm_s=s.ep_s,
         tp_comm_s=s.tp_s, cp_comm_s=s.cp_s,
         memory={k: s.memory[k] / GIB for k in MEMORY_KEYS}, params=s.params.total,
+        wgrad_s=s.wgrad_s,
     )

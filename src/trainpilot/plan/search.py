@@ -142,16 +142,27 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     template = Plan(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision,
                     runtime=runtime)
     rt = resolve(model, template, est.options)
-    walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit, top,
-                 rt)
-    walk.run()
+    entries, walks = [], []
+    for idle in idle_options(cluster, space):
+        walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit,
+                     top, rt, devices=cluster.num_devices - idle)
+        walk.run()
+        walks.append(walk)
+        # Rank by tokens/s of the whole cluster: a layout on fewer devices must be faster
+        # per step to win (idle devices are still paid for).
+        entries += [(e, idle) for e in walk.heap]
+    entries.sort(key=lambda item: (-item[0][0], item[1], -item[0][1], -item[0][2]))
     ranked = [_candidate(i + 1, model, cluster, e[3].variant(*e[4]), est, global_batch_size,
-                         runtime)
-              for i, e in enumerate(sorted(walk.heap, key=lambda e: (-e[0], -e[1], -e[2])))]
-    stats = SearchStats(enumerated=walk.enumerated, pruned_memory=walk.pruned,
-                        pruned_bound=walk.pruned_bound, duplicates=walk.duplicates,
-                        costed=walk.costed,
-                        feasible=walk.feasible, wall_s=time.perf_counter() - start)
+                         runtime, idle)
+              for i, (e, idle) in enumerate(entries[:top])]
+    stats = SearchStats(enumerated=sum(w.enumerated for w in walks),
+                        pruned_memory=sum(w.pruned for w in walks),
+                        pruned_bound=sum(w.pruned_bound for w in walks),
+                        duplicates=sum(w.duplicates for w in walks),
+                        costed=sum(w.costed for w in walks),
+                        feasible=sum(w.feasible for w in walks),
+                        wall_s=time.perf_counter() - start)
+    walk = walks[0]
     shortfall = None if ranked else _shortfall(walk, cluster, limit)
     return SearchResult(model=model, cluster=cluster, global_batch_size=global_batch_size,
                         seq_len=seq_len, headroom=headroom, plans=ranked, stats=stats,
@@ -182,8 +193,10 @@ class _Walk:
     checked against memory with their most memory-saving variant, bounded below in time, and
     then expanded best bound first until no remaining bound can enter the top N."""
 
-    def __init__(self, model, cluster, est, space, gbs, seq_len, precision, limit, top, rt=None):
+    def __init__(self, model, cluster, est, space, gbs, seq_len, precision, limit, top, rt=None,
+                 devices: int | None = None):
         self.model, self.cluster, self.est, self.space = model, cluster, est, space
+        self.devices = devices or cluster.num_devices
         self.rt = rt if rt is not None else resolve(model, Plan(global_batch_size=gbs, seq_len=seq_len, precision=precision), est.options)
         self.gbs, self.seq_len, self.precision, self.limit, self.top = \
             gbs, seq_len, precision, limit, top
@@ -269,13 +282,14 @@ class _Walk:
 
     def _families(self):
         """(base fields without micro_batch_size, micro-batch sizes, variants) per family."""
-        n, layers, space = self.cluster.num_devices, self.model.num_hidden_layers, self.space
-        for tp in tp_options(self.model, self.cluster):
+        n, layers, space = self.devices, self.model.num_hidden_layers, self.space
+        for tp in tp_options(self.model, self.cluster, space, n):
             sps = tuple(sp for sp in self.sps if tp > 1 or not sp) or (False,)
             variants = (tuple(space.zero), tuple(space.recompute), sps)
             for cp in cp_options(self.seq_len, n // tp, space):
                 rest = n // (tp * cp)
-                for pp in (p for p in divisors(rest) if p <= layers):
+                for pp in (p for p in divisors(rest) if p <= layers and
+                           (space.pp is None or p in space.pp)):
                     dp = rest // pp
                     if self.gbs % dp:
                         continue
@@ -284,8 +298,8 @@ class _Walk:
                                     if split.vp == 1 or (self.gbs // (mb * dp)) % pp == 0)
                         if not mbs:  # Megatron's interleaving needs m % pp == 0
                             continue
-                        for ep in ep_options(self.model, dp, cp, space):
-                            base = dict(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, vp=split.vp,
+                        for ep, etp in ep_options(self.model, dp, cp, space, tp):
+                            base = dict(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, cp=cp, vp=split.vp,
                                         global_batch_size=self.gbs, seq_len=self.seq_len,
                                         precision=self.precision,
                                         schedule="interleaved" if split.vp > 1 else "1f1b",
@@ -309,7 +323,7 @@ class _Walk:
         batch (per-sample time never rises with the micro-batch). No recomputation, no
         data-parallel or pipeline traffic."""
         base, _, variants, _ = family
-        key = (base["tp"], base["cp"], base["ep"])
+        key = (base["tp"], base["cp"], base["ep"], base["etp"])
         found = self.coarse.get(key)
         if found is None:
             # Layer costs depend on tp, cp, ep (and their groups' spans, which the family's
@@ -455,7 +469,29 @@ def _most_saving(modes: tuple[str, ...]) -> str:
     raise SpecError("space.recompute", modes, "valid: some of none, selective, full")
 
 
-def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = None) -> Plan:
+def idle_options(cluster: ClusterSpec, space: SearchSpace) -> list[int]:
+    """Device counts to leave idle: 0, then (with ``max_idle_devices``, by default one node's
+    worth when the device count has a prime factor above 7, e.g. 127 nodes) whole nodes, or
+    single devices on a one-node cluster."""
+    n, per_node = cluster.num_devices, cluster.devices_per_node
+    limit = space.max_idle_devices
+    if limit is None:
+        limit = per_node if _largest_prime(n) > 7 else 0
+    step = per_node if cluster.num_nodes > 1 else 1
+    return [k for k in range(0, min(limit, n - 1) + 1, step)]
+
+
+def _largest_prime(n: int) -> int:
+    largest, p = 1, 2
+    while p * p <= n:
+        while n % p == 0:
+            largest, n = p, n // p
+        p += 1
+    return max(largest, n) if n > 1 else largest
+
+
+def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = None,
+                idle_devices: int = 0) -> Plan:
     """The Plan document of a Layout (uneven stages become Megatron's first/last overrides)."""
     first = last = None
     counts = lay.stage_layers
@@ -466,12 +502,13 @@ def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = 
                 seq_len=lay.seq_len, recompute=lay.recompute,
                 sequence_parallel=lay.sequence_parallel, precision=lay.precision,
                 pp_schedule=lay.schedule, pp_first_stage_layers=first,
-                pp_last_stage_layers=last, runtime=runtime or RuntimeProfile())
+                pp_last_stage_layers=last, runtime=runtime or RuntimeProfile(), etp=lay.etp,
+                idle_devices=idle_devices)
 
 
 def _candidate(rank: int, model: ModelSpec, cluster: ClusterSpec, lay: Layout, est: Estimator,
-               gbs: int, runtime: RuntimeProfile | None = None) -> Candidate:
-    plan = layout_plan(lay, model, runtime)
+               gbs: int, runtime: RuntimeProfile | None = None, idle: int = 0) -> Candidate:
+    plan = layout_plan(lay, model, runtime, idle)
     return Candidate(rank=rank, plan=plan, prediction=predict(model, cluster, plan, estimator=est))
 
 
@@ -491,10 +528,14 @@ def describe(plan: Plan, *, short: bool = False) -> str:
     parts.append(item("dp", "d", plan.dp))
     parts += [item(name, name[0], size) for name, size in (("ep", plan.ep), ("cp", plan.cp))
               if size > 1]
+    if plan.etp is not None:
+        parts.append(item("etp", "etp", plan.etp))
     parts += [item("mb", "mb", plan.micro_batch_size), item("zero", "z", plan.zero),
               plan.recompute if short else f"recompute={plan.recompute}"]
     if plan.sequence_parallel:
         parts.append("sp")
+    if plan.idle_devices:
+        parts.append(f"idle={plan.idle_devices}" if not short else f"i{plan.idle_devices}")
     return " ".join(parts)
 
 
@@ -502,8 +543,8 @@ _NAMES = {"compute": "compute", "recompute": "recomputation", "tp_comm": "TP com
           "pp_comm": "pipeline transfers", "pp_bubble": "pipeline bubble",
           "dp_comm_exposed": "exposed data-parallel traffic", "ep_comm": "expert all-to-all",
           "cp_comm": "context-parallel transfers", "optimizer": "optimizer step"}
-_FIELDS = ("tp", "pp", "vp", "dp", "ep", "cp", "micro_batch_size", "zero", "recompute",
-           "sequence_parallel", "pp_first_stage_layers")
+_FIELDS = ("tp", "pp", "vp", "dp", "ep", "etp", "cp", "micro_batch_size", "zero", "recompute",
+           "sequence_parallel", "pp_first_stage_layers", "idle_devices")
 
 
 def explain(ranked: list[Candidate]) -> str:
