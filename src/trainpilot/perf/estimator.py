@@ -64,21 +64,25 @@ class Estimator:
         self._windows: dict[int, float] = {}
 
     # -- cached pieces ---------------------------------------------------------------------
-    def device(self, precision: str, host_us: float | None = None) -> Device:
+    def device(self, precision: str, host_us: float | None = None,
+               stack: str | None = None) -> Device:
         """The device at ``precision``; ``host_us`` replaces the host time per kernel (the
-        runtime profile's, else the CostOptions override, else the device data's)."""
+        runtime profile's, else the CostOptions override, else the device data's for
+        ``stack``)."""
         host_us = self.options.host_us_per_kernel if host_us is None else host_us
-        key = (precision, host_us)
+        key = (precision, host_us, stack)
         found = self._devices.get(key)
         if found is None:
             curve = self.options.curve or curve_for(self.cluster)
+            if host_us is None and stack is not None:
+                host_us = curve.host_us_for(stack)
             if host_us is not None:
                 curve = curve.replace(host_us_per_kernel=host_us)
             found = self._devices[key] = device_model(self.cluster, precision, curve)
         return found
 
     def lay_device(self, lay: Layout) -> Device:
-        return self.device(lay.precision, lay.rt.host_us)
+        return self.device(lay.precision, lay.rt.host_us, lay.rt.stack)
 
     def placement(self, lay: Layout) -> Placement:
         return Placement.build(tp=lay.tp, cp=lay.cp, dp=lay.dp, pp=lay.pp, ep=lay.ep,
@@ -279,7 +283,7 @@ class Estimator:
         return Costing(
             layout=lay, stages=per_stage, step_time_s=step, breakdown_s=breakdown,
             peak_bytes=peak, peak_stage=peak_stage, model_flops_per_step=model_fpt * tokens_step,
-            hardware_flops_per_step=hw_fpt * tokens_step, peak_flops=g.dev.peak_flops,
+            hardware_flops_per_step=hw_fpt * tokens_step, peak_flops=g.dev.nominal_flops,
             hbm_bytes=g.dev.hbm_bytes, spans=g.spans,
         )
 
@@ -333,8 +337,10 @@ class Estimator:
             b += max(BWD_MEM * dev.memory_s(2 * ACT_BYTES * tokens_sp * h), host)
             f += max(dev.gemm_s(tokens, v / t, h), host)
             b += max(2 * dev.gemm_s(tokens, v / t, h), 2 * host)
-            f += max(dev.memory_s(12.0 * tokens * v / t), 4 * host)  # fp32 vocab-parallel loss
-            b += max(dev.memory_s(8.0 * tokens * v / t), 2 * host)
+            # fp32 vocab-parallel loss; eager PyTorch's log_softmax + nll moves more (runtime)
+            loss = lay.rt.traffic("loss")
+            f += max(loss * dev.memory_s(12.0 * tokens * v / t), lay.rt.kernels("loss") * host)
+            b += max(loss * dev.memory_s(8.0 * tokens * v / t), 2 * host)
             if t > 1:
                 tf += 3 * max(net.all_reduce_s(span, 4.0 * tokens), coll)
                 if sp:

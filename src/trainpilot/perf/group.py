@@ -35,7 +35,7 @@ class Group:
             self.spans = est.spans(lay)
             self.sg = est.signatures(lay)
             self.params = est.sig_params(lay)
-            self.dev = est.device(lay.precision, lay.rt.host_us)
+            self.dev = est.lay_device(lay)
         else:
             self.spans, self.sg, self.params, self.dev = like.spans, like.sg, like.params, \
                 like.dev

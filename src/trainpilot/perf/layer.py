@@ -200,8 +200,8 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     core = _Ops(host)
     if st.flash_attention:
         flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL * st.window_factor
-        core.add(dev.attention_s(flops))
-        bwd.add(dev.attention_s(FLASH_BWD * flops))
+        core.add(dev.attention_s(flops, rt.attention_kernel))
+        bwd.add(dev.attention_s(FLASH_BWD * flops, rt.attention_kernel))
     else:
         batch = b * a_t
         keys = st.seq_len * min(1.0, st.window_factor * 2) if st.window_factor < 1 \

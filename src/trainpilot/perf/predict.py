@@ -137,8 +137,16 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
         out.append(CHECKED_CURVES[curve])
     elif curve not in CALIBRATED_CURVES:
         out.append(f"{curve} efficiency data is not calibrated against measured runs")
+    sync = lay.rt.grad_sync if lay is not None else plan.runtime.resolved("grad_sync")
     if plan.zero >= 2:
         out.append(f"ZeRO-{plan.zero} traffic overlap is modelled, not validated")
+    if plan.zero == 2 and plan.dp * plan.cp > 1:
+        out.append("ZeRO-2 priced as " + (
+            "the runtime runs it: gradients accumulate unsharded over the micro-batches and "
+            "are reduce-scattered once per step (FSDP2's set_requires_gradient_sync, "
+            "Megatron's distributed optimizer), so it costs ZeRO-1's traffic and memory"
+            if sync == "step" else
+            "DeepSpeed runs it: gradients reduce-scattered after every micro-batch"))
     elif plan.zero == 1 and plan.dp * plan.cp > 1:
         out.append("the distributed optimizer's gathers are modelled, not validated")
     if plan.comm.overlap and plan.dp * plan.cp > 1:

@@ -54,6 +54,7 @@ class Runtime:
     dropout: bool = False
     grad_bytes: int = 4
     ep_dispatcher: str = "alltoall"
+    attention_kernel: str = "flash2"
 
     def traffic(self, kind: str) -> float:
         """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
@@ -84,6 +85,7 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         ep_overlap=bool(prof.resolved("ep_comm_overlap")),
         grad_sync=str(prof.resolved("grad_sync")), moe_imbalance=prof.moe_imbalance,
         dropout=model.has_dropout, grad_bytes=grad_bytes(plan), ep_dispatcher=prof.ep_dispatcher,
+        attention_kernel=str(prof.resolved("attention_kernel")),
     )
     if options is not None:
         for key, attr in (("flash_attention", "flash_attention"), ("dropout", "dropout"),

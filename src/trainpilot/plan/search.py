@@ -155,6 +155,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     ranked = [_candidate(i + 1, model, cluster, e[3].variant(*e[4]), est, global_batch_size,
                          runtime, idle)
               for i, (e, idle) in enumerate(entries[:top])]
+    ranked = _best_buckets(ranked, model, cluster, est)
     stats = SearchStats(enumerated=sum(w.enumerated for w in walks),
                         pruned_memory=sum(w.pruned for w in walks),
                         pruned_bound=sum(w.pruned_bound for w in walks),
@@ -467,6 +468,32 @@ def _most_saving(modes: tuple[str, ...]) -> str:
         if mode in modes:
             return mode
     raise SpecError("space.recompute", modes, "valid: some of none, selective, full")
+
+
+# Gradient bucket sizes tried for the ranked plans (MB): DDP's default, Megatron's (40M fp32
+# parameters), and larger ones that amortise per-collective latency on large groups.
+BUCKETS_MB = (25.0, 160.0, 640.0)
+
+
+def _best_buckets(ranked: list[Candidate], model: ModelSpec, cluster: ClusterSpec,
+                  est: Estimator) -> list[Candidate]:
+    """Each ranked plan with the gradient bucket size (``BUCKETS_MB``) that makes it fastest,
+    re-ranked. Buckets change only the data-parallel traffic (one collective per bucket), never
+    memory, so only the ranked plans need the extra costing."""
+    out = []
+    for cand in ranked:
+        best = cand
+        for mb in BUCKETS_MB:
+            if mb == cand.plan.comm.bucket_mb:
+                continue
+            plan = cand.plan.replace(comm=cand.plan.comm.replace(bucket_mb=mb))
+            pred = predict(model, cluster, plan, estimator=est)
+            if pred.step_time_s < best.prediction.step_time_s * (1 - 1e-9):
+                best = Candidate(rank=cand.rank, plan=plan, prediction=pred)
+        out.append(best)
+    out.sort(key=lambda c: (-c.prediction.tokens_per_s, c.rank))
+    return [Candidate(rank=i + 1, plan=c.plan, prediction=c.prediction)
+            for i, c in enumerate(out)]
 
 
 def idle_options(cluster: ClusterSpec, space: SearchSpace) -> list[int]:

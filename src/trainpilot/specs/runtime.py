@@ -36,15 +36,15 @@ STACKS: tuple[str, ...] = ("trainpilot", "pytorch", "megatron", "megatron-legacy
 #   micro-batch's backward.
 _DEFAULTS: dict[str, dict[str, object]] = {
     "trainpilot": dict(flash_attention=True, fused_kernels=False, tp_comm_overlap=False,
-                       ep_comm_overlap=False, grad_sync="step"),
+                       ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
     "pytorch": dict(flash_attention=True, fused_kernels=False, tp_comm_overlap=False,
-                    ep_comm_overlap=False, grad_sync="step"),
+                    ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
     "megatron": dict(flash_attention=True, fused_kernels=True, tp_comm_overlap=False,
-                     ep_comm_overlap=False, grad_sync="step"),
+                     ep_comm_overlap=False, grad_sync="step", attention_kernel="fused"),
     "megatron-legacy": dict(flash_attention=False, fused_kernels=True, tp_comm_overlap=False,
-                            ep_comm_overlap=False, grad_sync="step"),
+                            ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
     "deepspeed": dict(flash_attention=False, fused_kernels=True, tp_comm_overlap=False,
-                      ep_comm_overlap=False, grad_sync="micro_batch"),
+                      ep_comm_overlap=False, grad_sync="micro_batch", attention_kernel="flash2"),
 }
 
 
@@ -78,6 +78,10 @@ class RuntimeProfile(Spec):
     # Megatron's flex dispatcher: one copy per destination node over the network, forwarded
     # inside the node over NVLink).
     ep_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    # Which fused attention kernel runs (with flash_attention): FlashAttention-2 (PyTorch's
+    # SDPA, flash_attn 2.x), FlashAttention v1 (flash_attn 1.x, half FA-2's throughput), or
+    # "fused": Transformer Engine / cuDNN fused attention (Megatron-Core's default).
+    attention_kernel: Literal["flash1", "flash2", "fused"] | None = None
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> RuntimeProfile:
