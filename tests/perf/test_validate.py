@@ -37,8 +37,6 @@ def held_out_results():
     return run(source_cases())
 
 
-@pytest.mark.xfail(strict=True, reason="held-out errors before the physics fixes of issue 14 "
-                   "(benchmarks/results/validation_before.txt)")
 def test_validate_passes_its_committed_gates():
     """This is how CI runs the validation (the vTrain rows when ../shared is present)."""
     result = run_cli("validate", "--json")

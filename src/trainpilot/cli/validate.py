@@ -227,11 +227,17 @@ def _print_summary(summaries, thresholds, gates) -> None:
         kind = s.model_kind if s.kind == "time" else "memory"
         split = {"calibration": "calib.", "development": "dev.", "held_out": "held-out"}[s.split]
         if s.split != "held_out":
-            limit = thresholds[s.kind]
+            from trainpilot.perf.validation import DATASET_THRESHOLDS
+
+            limit = DATASET_THRESHOLDS.get(s.dataset, thresholds[s.kind])
             gate = f"{limit:.0%} {'ok' if s.mape <= limit else 'FAIL'}"
         elif s.dataset == POOLED and s.model_kind in gates:
+            from trainpilot.perf.validation import TARGETS
+
             limit = gates[s.model_kind]
-            gate = f"{limit:.0%} {'ok' if s.mape <= limit else 'FAIL'}"
+            gate = f"{limit:.0%} {'ok' if s.mape <= limit else 'FAIL'}" + \
+                (f" (target {TARGETS[s.model_kind]:.0%}: " +
+                 ("met)" if s.mape <= TARGETS[s.model_kind] else "not met)"))
         else:
             gate = ""
         name = s.dataset if s.dataset not in (POOLED, SOURCE_MEAN) else f"[bold]{s.dataset}[/]"

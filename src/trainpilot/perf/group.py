@@ -21,6 +21,19 @@ from trainpilot.perf.stages import (
 if TYPE_CHECKING:
     from trainpilot.perf.estimator import Estimator
 
+def pp_transfer_s(p2p: float, m: int, p: int, v: int) -> float:
+    """Activation/gradient transfers between stages on the critical path per step. 1F1B
+    (Megatron's blocking batched send/recv): every one of the ``2 (m + p - 2)``; interleaved
+    (Megatron overlaps them with the next chunk's compute, ``--overlap-p2p-comm``, the default
+    with virtual stages, as the step simulator's asynchronous links do): only the ``2 (p - 1)``
+    of the pipeline's fill and drain."""
+    if p <= 1:
+        return 0.0
+    if v > 1:
+        return 2 * p2p * (p - 1)
+    return 2 * p2p * (m + p - 2)
+
+
 class Group:
     """What the ZeRO / recompute / sequence-parallel variants of one layout share: spans,
     stage signatures, parameters, in-flight counts, pipeline transfers, per-layer costs.
@@ -300,7 +313,7 @@ class Group:
             bubble = pipeline_bubble(lay.schedule, periods, wgrads, v)
         else:
             bubble = (busy - crit) / v if p > 1 else 0.0
-        pp_comm = 2 * self.p2p * (m * v + p - 2) if p > 1 else 0.0
+        pp_comm = pp_transfer_s(self.p2p, m, p, v)
         return m * crit + bubble + pp_comm + opt_max
 
     def fill(self, lay: Layout, stages: list[StageNumbers]) -> None:
@@ -326,7 +339,7 @@ class Group:
         ranks = [stages[k] for k in sg.of_stage]
         bubble = pipeline_bubble(lay.schedule, [st.period_s for st in ranks],
                                  [st.wgrad_s for st in ranks], v)
-        pp_comm = 2 * self.p2p * (m * v + p - 2) if p > 1 else 0.0
+        pp_comm = pp_transfer_s(self.p2p, m, p, v)
         # Stage i finishes its last backward sum_{j<i} B_j / v before stage 0 does and starts
         # its first forward sum_{j<i} F_j / v after it: slack that hides data-parallel traffic.
         # Identical ranks expose the most at their first occurrence.

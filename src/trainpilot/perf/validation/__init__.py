@@ -10,7 +10,9 @@ from trainpilot.perf.validation.cases import (
     source_cases,
 )
 from trainpilot.perf.validation.runner import (
+    DATASET_THRESHOLDS,
     HELD_OUT_GATES,
+    TARGETS,
     POOLED,
     SOURCE_MEAN,
     THRESHOLDS,
@@ -21,6 +23,6 @@ from trainpilot.perf.validation.runner import (
     summarize,
 )
 
-__all__ = ["CALIBRATION", "DEVELOPMENT", "HELD_OUT", "HELD_OUT_GATES", "POOLED", "SOURCE_MEAN",
+__all__ = ["DATASET_THRESHOLDS", "TARGETS", "CALIBRATION", "DEVELOPMENT", "HELD_OUT", "HELD_OUT_GATES", "POOLED", "SOURCE_MEAN",
            "SPLITS", "THRESHOLDS", "Case", "Result", "Summary", "all_cases", "failures", "run",
            "source_cases", "summarize"]
