@@ -155,7 +155,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     ranked = [_candidate(i + 1, model, cluster, e[3].variant(*e[4]), est, global_batch_size,
                          runtime, idle)
               for i, (e, idle) in enumerate(entries[:top])]
-    ranked = _best_buckets(ranked, model, cluster, est)
+    if space.tune_buckets:
+        ranked = _best_buckets(ranked, model, cluster, est)
     stats = SearchStats(enumerated=sum(w.enumerated for w in walks),
                         pruned_memory=sum(w.pruned for w in walks),
                         pruned_bound=sum(w.pruned_bound for w in walks),

@@ -49,6 +49,8 @@ class SearchSpace:
     # Devices the search may leave idle to reach a better layout (None: up to one node when
     # the device count has a prime factor above 7, else none).
     max_idle_devices: int | None = None
+    # Try each ranked plan with other gradient bucket sizes (search.BUCKETS_MB).
+    tune_buckets: bool = True
 
 
 @dataclass(frozen=True, slots=True)
