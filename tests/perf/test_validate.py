@@ -133,3 +133,21 @@ def test_dumped_row_reproduces_with_predict(tmp_path):
     [case] = [c for c in source_cases() if c.label == label]
     [result] = run([case])
     assert step == pytest.approx(result.predicted, rel=1e-12)
+
+
+def test_caveats_name_what_the_held_out_sources_found():
+    """Caveats follow the validation: an H100 Megatron plan is inside the calibrated regime;
+    a PyTorch FSDP plan carries the held-out finding (optimistic), MoE its held-out error."""
+    from trainpilot.perf import predict
+    from trainpilot.specs import Plan, load_cluster, load_model
+
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-sxm-x16")
+    base = dict(tp=2, pp=1, dp=8, micro_batch_size=1, global_batch_size=64, seq_len=8192)
+    mega = predict(model, cluster, Plan(zero=1, runtime=dict(stack="megatron"), **base))
+    assert mega.caveats == ()
+    fsdp = predict(model, cluster, Plan(zero=3, runtime=dict(stack="pytorch"), **base))
+    assert any("FSDP" in c and "optimistic" in c for c in fsdp.caveats)
+    moe = predict(load_model("mixtral-8x7b"), cluster,
+                  Plan(tp=2, pp=1, dp=8, ep=8, zero=1, micro_batch_size=1,
+                       global_batch_size=64, seq_len=4096))
+    assert any(c.startswith("MoE") for c in moe.caveats)

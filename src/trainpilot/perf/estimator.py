@@ -5,13 +5,14 @@ builds pydantic objects: a ``Layout`` is a plain frozen dataclass; per-layer cos
 parameter counts are cached by the few fields they depend on; and stages that hold the same
 layers (every middle stage of an even split) are costed once.
 
-Step time (1F1B over ``p`` stages, ``m`` micro-batches, ``v`` virtual stages per rank):
-``m * t_c + (sum_i t_i - t_c) / v + 2 x (m v + p - 2) + max_i(tail_i)``, where ``t_i`` is stage
-i's forward + backward (+ exposed ZeRO-2/3 traffic) per micro-batch, ``t_c`` the slowest stage's,
-``x`` one activation transfer between stages, and ``tail_i`` the data-parallel traffic and
-optimizer step stage i cannot hide. For uniform stages the bubble term is Narayanan's
-``(p-1)/(v m)`` of the busy time. Zero-bubble (ZB-H1) keeps a third of 1F1B's bubble (Qi et al.
-2023).
+Step time (``p`` stages, ``m`` micro-batches, ``v`` virtual stages per rank):
+``m * t_c + bubble + transfers + max_i(tail_i)``, where ``t_i`` is stage i's forward + backward
+(+ exposed ZeRO-2/3 traffic) per micro-batch, ``t_c`` the slowest stage's, and ``tail_i`` the
+data-parallel traffic and optimizer step stage i cannot hide. The bubble is
+``stages.pipeline_bubble``: ``(sum_i t_i - t_c) / v`` (Narayanan's ``(p-1)/(v m)`` for uniform
+stages), for zero-bubble the same with each stage's weight-gradient GEMMs taken out (the step
+simulator's result). Transfers are ``group.pp_transfer_s``: every one of the ``2 (m + p - 2)``
+for 1F1B, only the fill and drain's ``2 (p - 1)`` when interleaved (overlapped p2p).
 """
 
 from __future__ import annotations

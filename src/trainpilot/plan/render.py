@@ -95,8 +95,8 @@ def rank_map_table(pred: Prediction, limit: int) -> Table:
 
 def caveat_lines(pred: Prediction) -> str:
     if not pred.caveats:
-        return "inside the validated regime (see `trainpilot validate`)"
-    return "outside the validated regime: " + "; ".join(pred.caveats)
+        return "inside the calibrated regime (see `trainpilot validate`)"
+    return "caveats: " + "; ".join(pred.caveats)
 
 
 def print_prediction(console: Console, pred: Prediction, *, ranks: int = 0) -> None:

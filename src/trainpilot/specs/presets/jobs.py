@@ -58,12 +58,14 @@ JOBS: dict[str, dict[str, Any]] = {
                                moe_imbalance=1.0)),
         total_tokens=14_800_000_000_000,
     ),
-    # Llama 3 8B on one DGX H100 node with FSDP (zero 3), an everyday fine-tuning layout.
+    # Llama 3 8B on one DGX H100 node with FSDP (zero 3), an everyday fine-tuning layout, run
+    # as torchtitan runs it: FSDP2 reduce-scatters gradients after every micro-batch (its
+    # train_step never disables gradient sync), so only the gradient shard is held.
     "llama3-8b-h100-8": dict(
         name="llama3-8b-h100-8", model="llama3-8b", cluster="h100-sxm-x8",
         plan=dict(tp=1, pp=1, dp=8, zero=3, micro_batch_size=1, global_batch_size=64,
                   seq_len=8192, recompute="selective", precision="bf16",
-                  runtime=dict(stack="pytorch")),
+                  runtime=dict(stack="pytorch", grad_sync="micro_batch")),
         total_tokens=1_000_000_000,
     ),
     # The tiny model on two CPU processes: what `trainpilot demo` trains.
