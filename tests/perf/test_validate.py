@@ -151,3 +151,25 @@ def test_caveats_name_what_the_held_out_sources_found():
                   Plan(tp=2, pp=1, dp=8, ep=8, zero=1, micro_batch_size=1,
                        global_batch_size=64, seq_len=4096))
     assert any(c.startswith("MoE") for c in moe.caveats)
+
+
+def test_a_refitted_curve_replaces_only_its_own_familys_data():
+    """``validate --calibrate a100`` must not price H100 rows with the A100 data."""
+    from trainpilot.perf.hardware import load_curves
+    from trainpilot.perf.validation import all_cases, run
+
+    cases = [c for c in all_cases(find_vtrain=False) if c.dataset == "dgxc_2024"][:2]
+    plain = run(cases)
+    swapped = run(cases, load_curves()["a100"])
+    assert [r.predicted for r in swapped] == [r.predicted for r in plain]
+
+
+def test_validate_calibrate_takes_a_device_family():
+    from tests.conftest import run_cli
+
+    out = run_cli("validate", "--calibrate", "h100", "--max-evals", "3", "--source",
+                  "dgxc_2024")
+    assert out.returncode == 0, out.stderr
+    assert "calibration: 30 rows" in out.stdout
+    bad = run_cli("validate", "--calibrate", "tpu", "--source", "dgxc_2024")
+    assert bad.returncode == 2 and "--calibrate" in bad.stderr

@@ -17,19 +17,20 @@ def register(subparsers) -> None:
         subparsers, "validate", help="check the cost model against published measurements",
         description="Predict every published row and print predicted vs measured with the "
                     "error. Held-out sources (src/trainpilot/perf/validation/sources/*.yaml: "
-                    "Megatron-LM, NVIDIA DGX Cloud recipes, MosaicML llm-foundry, torchtitan, "
-                    "NeMo AutoModel, the Megatron MoE model zoo, MT-NLG, DeepSeek-V3), never "
-                    "fitted to, are summarised per source and pooled, dense and MoE apart; the "
-                    "development papers (Narayanan 2021, Korthikanti 2022, Llama 3) and vTrain's "
-                    "measured iterations (read from ../shared/validation/vtrain or "
-                    "$TRAINPILOT_VTRAIN_DIR; even rows calibrate the A100 data) have their own "
-                    "gates. Exits 1 when a gate breaks.",
+                    "Megatron-LM, MosaicML llm-foundry, torchtitan, NeMo AutoModel, the "
+                    "Megatron MoE model zoo, Megatron-Core MoE, MT-NLG, DeepSeek-V3), never "
+                    "fitted to, are summarised per source and pooled, dense and MoE apart. The "
+                    "calibration sources (NVIDIA's DGX Cloud recipes for the H100 data, the even "
+                    "rows of vTrain's measured iterations for the A100 data, read from "
+                    "../shared/validation/vtrain or $TRAINPILOT_VTRAIN_DIR) and the development "
+                    "papers (Narayanan 2021, Korthikanti 2022, Llama 3) have their own gates. "
+                    "Exits 1 when a gate breaks.",
         examples="  trainpilot validate\n"
                  "  trainpilot validate --source llm_foundry --all-rows\n"
                  "  trainpilot validate --json > validation.json\n"
                  "  trainpilot validate --dump-row 'GPT-3 175B t4 p8 v12 128 GPUs' "
                  "--output row.yaml && trainpilot predict --job row.yaml\n"
-                 "  trainpilot validate --calibrate --write efficiency-a100.yaml",
+                 "  trainpilot validate --calibrate h100 --write efficiency-h100.yaml",
     )
     parser.add_argument("--vtrain-dir", type=Path, default=None,
                         help="folder with vTrain's ground_truth_*.csv (default: found beside the "
@@ -43,8 +44,10 @@ def register(subparsers) -> None:
                              "(free fields settled) for `trainpilot predict --job`")
     parser.add_argument("--output", type=Path, default=None,
                         help="with --dump-row: the file to write (default: print it)")
-    parser.add_argument("--calibrate", action="store_true",
-                        help="refit the A100 efficiency data on the calibration rows first")
+    parser.add_argument("--calibrate", nargs="?", const="a100", default=None,
+                        metavar="DEVICE",
+                        help="refit a device family's efficiency data (a100, the default, or "
+                             "h100) on its calibration source first")
     parser.add_argument("--max-evals", type=int, default=900,
                         help="objective evaluations for --calibrate (default 900)")
     parser.add_argument("--write", type=Path, default=None,
@@ -88,10 +91,15 @@ def run(args: argparse.Namespace) -> int:
 
         from trainpilot.perf.validation.calibrate import calibrate
 
-        with console.status("calibrating the A100 curve on the calibration rows..."):
-            fit = calibrate(cases, load_curves()["a100"], max_evals=args.max_evals)
+        from trainpilot.perf.validation.calibrate import CALIBRATION_SOURCES
+
+        name = args.calibrate
+        if name not in CALIBRATION_SOURCES:
+            raise SpecError("--calibrate", name, f"valid: {', '.join(CALIBRATION_SOURCES)}")
+        with console.status(f"calibrating the {name} data on its calibration rows..."):
+            fit = calibrate(cases, load_curves()[name], max_evals=args.max_evals)
         curve = fit.curve
-        text = yaml.safe_dump({"a100": curve.to_dict()}, sort_keys=False)
+        text = yaml.safe_dump({name: curve.to_dict()}, sort_keys=False)
         if args.write:
             atomic_write_text(args.write, text)
         if not args.json:

@@ -148,11 +148,16 @@ def settle_free(case: Case, est: Estimator) -> Case:
 
 
 def run(cases: list[Case], curve: EfficiencyCurve | None = None) -> list[Result]:
-    """Predict every case (one Estimator per model/cluster/options, so caches are shared)."""
+    """Predict every case (one Estimator per model/cluster/options, so caches are shared);
+    ``curve`` replaces the efficiency data of the rows whose device uses data of its name."""
+    from trainpilot.perf.hardware import curve_for
+
     estimators: dict[tuple, Estimator] = {}
     out = []
     for case in cases:
-        options = dataclasses.replace(case.options, curve=curve) if curve else case.options
+        options = case.options
+        if curve is not None and curve_for(case.cluster).name == curve.name:
+            options = dataclasses.replace(case.options, curve=curve)
         key = (id(case.model), id(case.cluster), options)  # specs hold dicts: not hashable
         est = estimators.get(key)
         if est is None:
