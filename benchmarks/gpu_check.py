@@ -14,8 +14,8 @@ script cannot read off the hardware, so give ``--device`` for a named one) and a
 rank, ZeRO-0, run by trainpilot's own eager stack (``runtime.stack = trainpilot``). It prints
 both and the error, and writes them as JSON with ``--out``.
 
-The GPU run takes about a minute on an H200 (model build and warm-up included); the dry run a
-few seconds. Nothing in the test suite needs a GPU: tests/perf/test_gpu_check.py runs the dry
+The GPU run is sized to take about a minute on an H200 (model build and warm-up included; not
+yet run on a GPU: the session that wrote it had none); the dry run takes a few seconds. Nothing in the test suite needs a GPU: tests/perf/test_gpu_check.py runs the dry
 mode.
 """
 

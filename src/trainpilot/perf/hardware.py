@@ -182,10 +182,10 @@ def load_curves(path: str | Path | None = None) -> dict[str, EfficiencyCurve]:
     return {name: curve_from_dict(name, entry) for name, entry in data.items()}
 
 
-# The roofline default for a device without efficiency data (docs/cost_model.md, "New
-# devices"): the best large-GEMM share typical of tensor-core accelerators (A100 0.87, H100
-# 0.81, B200 0.74 in the bundled data: their mean), a kernel floor of a few microseconds, and
-# the rest of the data at typical values.
+# The roofline default for a device without efficiency data (docs/cost_model.md, "Devices"):
+# the best large-GEMM share typical of tensor-core accelerators (A100 0.87, H100 0.81 in short
+# bursts, B200 0.74: their mean), a kernel floor of a few microseconds, and the rest of the
+# data at typical values.
 ROOFLINE_CEILING = 0.80
 ROOFLINE_KERNEL_FLOOR_S = 5e-6
 ROOFLINE_HBM_EFFICIENCY = 0.8
