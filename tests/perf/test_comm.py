@@ -12,33 +12,57 @@ NET = Network(intra_bw=200e9, intra_lat=2e-6, inter_bw=20e9, inter_lat=5e-6, rac
 S = 1e9  # bytes
 
 
-def test_ring_all_reduce_inside_a_node():
+def test_ring_all_reduce_inside_a_node_takes_ncclS_fastest_protocol():
+    """1 GB inside a node: NCCL's Simple protocol (full bandwidth, 8.4 + 3.4 us per step)."""
     span = GroupSpan(size=8, per_node=8, nodes=1, racks=1)
-    expected = 2 * 7 / 8 * S / 200e9 + 2 * 7 * 2e-6
+    expected = 2 * 7 / 8 * S / 200e9 + (8.4 + 14 * 3.4) * 1e-6
     assert NET.all_reduce_s(span, S) == pytest.approx(expected)
+    # A tiny buffer goes by LL (low latency at a quarter of the bandwidth).
+    tiny = 8e3
+    assert NET.all_reduce_s(span, tiny) == pytest.approx(
+        (6.6 + 14 * 0.47) * 1e-6 + 2 * 7 / 8 * tiny / 200e9 / 0.25)
 
 
 def test_all_reduce_across_nodes_uses_one_nic_per_member():
     span = GroupSpan(size=32, per_node=4, nodes=8, racks=1)
     inter = 2 * 7 / 8 * S / (4 * 20e9)
     intra = 2 * 3 / 4 * S / 200e9
-    latency = 2 * 3 * 2e-6 + 2 * 3 * 5e-6  # intra ring, tree over 8 nodes
-    assert NET.all_reduce_s(span, S) == pytest.approx(max(inter, intra) + latency)
+    ring_lat = (8.4 + (62 - 14) * 3.4 + 14 * 9.6) * 1e-6 * 1.9  # Simple, plateau factor
+    tree = 2 * S / (4 * 20e9) / 0.9 + (0 + 2 * (3 * 28 + 3 * 50)) * 1e-6
+    assert NET.all_reduce_s(span, S) == pytest.approx(min(max(inter, intra) + ring_lat, tree))
     # The hierarchical form runs the phases one after another.
-    assert NET.all_reduce_s(span, S, hierarchical=True) == pytest.approx(inter + intra + latency)
+    assert NET.all_reduce_s(span, S, hierarchical=True) > NET.all_reduce_s(span, S)
 
 
-def test_reduce_scatter_and_all_gather_are_half_a_ring_with_ring_latency():
+def test_nccl_picks_tree_for_small_all_reduces_at_scale():
+    """Ring latency grows with the ranks (2(n-1) steps), tree latency with log2(nodes):
+    NCCL's tuner (and this model) pick the tree for small buffers over many nodes, the ring
+    for large ones, so a small all-reduce over 1,024 nodes costs far less than a ring."""
+    big = GroupSpan(size=1024, per_node=1, nodes=1024, racks=32)
+    small = 1e5
+    ring = NET.with_algorithm("ring").all_reduce_s(big, small)
+    tree = NET.with_algorithm("tree").all_reduce_s(big, small)
+    assert tree < ring / 5
+    assert NET.all_reduce_s(big, small) == pytest.approx(tree)
+    assert NET.all_reduce_s(big, 1e10) == pytest.approx(
+        NET.with_algorithm("ring").all_reduce_s(big, 1e10))
+    # Reduce-scatter and all-gather only have the ring: latency linear in the ranks.
+    assert NET.reduce_scatter_s(big, small) > 1023 * 2.7e-6
+
+
+def test_reduce_scatter_and_all_gather_are_half_a_ring():
     span = GroupSpan(size=16, per_node=1, nodes=16, racks=2)
-    expected = 15 / 16 * S / 20e9 + 15 * 10e-6  # ring of 16, each step over the rack hop
-    assert NET.reduce_scatter_s(span, S) == pytest.approx(expected)
-    assert NET.all_gather_s(span, S) == pytest.approx(expected)
+    bw = 15 / 16 * S / 20e9
+    assert NET.reduce_scatter_s(span, S) == pytest.approx(bw + (8.4 + 15 * 9.6 * 2) * 1e-6)
+    assert NET.all_gather_s(span, S) == NET.reduce_scatter_s(span, S)
 
 
 def test_all_to_all_sends_the_off_node_share_over_the_nic():
     span = GroupSpan(size=64, per_node=8, nodes=8, racks=1)
     inter = (64 - 8) / 64 * S / 20e9
     assert NET.all_to_all_s(span, S) == pytest.approx(inter + 5e-6 + 2e-6)
+    assert NET.all_to_all_s(span, S, remote_share=0.5) == pytest.approx(
+        0.5 * S / 20e9 + 5e-6 + 2e-6)
 
 
 def test_single_rank_groups_cost_nothing():
@@ -46,24 +70,60 @@ def test_single_rank_groups_cost_nothing():
     assert NET.all_reduce_s(one, S) == NET.all_to_all_s(one, S) == NET.p2p_s(one, S) == 0.0
 
 
+def _place(plan, cluster):
+    return Placement.build(tp=plan.tp, cp=plan.cp, dp=plan.dp, pp=plan.pp, ep=plan.ep,
+                           etp=plan.etp, order=plan.rank_order,
+                           devices_per_node=cluster.devices_per_node,
+                           nodes_per_rack=int(cluster.nodes_per_rack))
+
+
 def test_placement_keeps_tp_in_a_node_and_dp_outermost():
     cluster = load_cluster("a100-80gb-x1024")  # 8 per node, 20 nodes per rack
     plan = Plan(tp=8, pp=16, dp=8, global_batch_size=1536, seq_len=2048)
-    place = Placement.of(plan, cluster)
-    groups = place.groups(plan.ep)
+    place = _place(plan, cluster)
+    groups = place.groups()
     assert groups["tp"] == GroupSpan(8, 8, 1, 1)
     assert groups["pp"].nodes == 16 and groups["pp"].per_node == 1
     assert groups["dp"].size == 8 and groups["dp"].nodes == 8 and groups["dp"].racks > 1
     rows = place.rank_map(9)
     assert rows[8] == dict(rank=8, rack=0, node=1, device=0, tp=0, cp=0, dp=0, pp=1)
+    # Megatron's order puts pipeline stages outermost: data-parallel groups become 8
+    # consecutive nodes (the worst of them straddles a 20-node rack boundary) and pipeline
+    # groups span the racks.
+    mega = _place(plan.replace(rank_order="tp-cp-ep-dp-pp"), cluster).groups()
+    assert mega["dp"] == GroupSpan(8, 1, 8, 2) and mega["pp"].racks == 7
+
+
+def test_every_group_is_priced_by_its_worst_member():
+    """tp = 6 on 8-device nodes: rank 0's group lies inside node 0, but ranks 6-11 span two
+    nodes (2 + 4 members): the TP collectives of the whole job run at that group's pace."""
+    cluster = load_cluster("h100-sxm-x48")
+    plan = Plan(tp=6, dp=8, global_batch_size=64, seq_len=2048)
+    groups = _place(plan, cluster).groups()
+    assert groups["tp"] == GroupSpan(6, 2, 2, 1)
+    # Aligned layouts still look at one group only and find the same as before.
+    aligned = _place(Plan(tp=4, dp=12, global_batch_size=48, seq_len=2048), cluster).groups()
+    assert aligned["tp"] == GroupSpan(4, 4, 1, 1)
 
 
 def test_expert_parallel_group_is_a_compact_block():
     cluster = load_cluster("h800-x2048")
     plan = Plan(tp=1, pp=16, dp=128, ep=64, global_batch_size=15360, seq_len=4096)
-    groups = Placement.of(plan, cluster).groups(plan.ep)
+    groups = _place(plan, cluster).groups()
     assert groups["ep"] == GroupSpan(64, 8, 8, 1)  # 8 nodes, as DeepSeek-V3 ran it
     assert groups["expert_dp"].size == 2
+
+
+def test_parallel_folding_puts_ep_across_tp_and_dp():
+    """MoE parallel folding (EP 32 over TP 2 x DP 16, expert TP 1; a published Qwen3-235B
+    layout): expert groups of 32 consecutive ranks of a stage, expert TP of one rank."""
+    cluster = load_cluster("h100-sxm-x256")
+    plan = Plan(tp=2, pp=8, dp=16, ep=32, etp=1, global_batch_size=2048, seq_len=4096,
+                rank_order="tp-cp-ep-dp-pp")
+    groups = _place(plan, cluster).groups()
+    assert groups["ep"] == GroupSpan(32, 8, 4, 1)
+    assert groups["etp"].size == 1 and groups["expert_dp"].size == 1
+    assert groups["tp"] == GroupSpan(2, 2, 1, 1)
 
 
 GLOO = Network(intra_bw=200e9, intra_lat=2e-6, inter_bw=20e9, inter_lat=5e-6, rack_bw=20e9,

@@ -11,11 +11,13 @@ from trainpilot.specs import load_model
 
 
 @pytest.mark.parametrize("zero, shards, expected", [
-    (0, 8, 18.0),            # Megatron without a distributed optimizer
+    (0, 8, 18.0),            # Megatron without a distributed optimizer (fp32 main grads)
     (1, 8, 6 + 12 / 8),      # Megatron's distributed optimizer: 6 + 12/dp
     (1, 1, 18.0),
-    (2, 8, 2 + 14 / 8),      # ZeRO-2: 2P + 14P/N
-    (3, 8, 16 / 8),          # ZeRO-3: 16P/N
+    (2, 8, 2 + 16 / 8),      # ZeRO-2 with fp32 gradients: 2P + (4 + 12)P/N
+    (3, 8, 18 / 8),          # ZeRO-3: (2 + 4 + 12)P/N
+    (2, 1, 18.0),            # one shard: every stage is ZeRO-0 (was 16: smaller than ZeRO-0)
+    (3, 1, 18.0),
 ])
 def test_bytes_per_param(zero, shards, expected):
     assert sum(bytes_per_param(zero, shards)) == pytest.approx(expected)
@@ -129,7 +131,8 @@ def test_zero3_buffer_holds_the_layer_in_the_reduce_dtype_too():
 
     def other_bytes(grad_bytes):
         est = Estimator(model, cluster, CostOptions(grad_reduce_bytes=grad_bytes))
-        stages, _, _ = est.group(layout_of(model, plan)).memory(layout_of(model, plan))
+        lay = layout_of(model, plan, est.options)
+        stages, _, _ = est.group(lay).memory(lay)
         return stages[0].memory["other"]
 
     # Gathered layer, prefetched layer, 16-bit gradients: 6 bytes; plus the fp32 copy: 4.

@@ -36,7 +36,8 @@ def test_contract_and_breakdown_sums_to_the_step(job):
     stage = pred.stages[0]
     assert isinstance(stage, StageCost) and stage.layers > 0 and stage.fwd_s > 0
     assert stage.bwd_s > stage.fwd_s
-    grad_bytes = 2 if j.plan.precision == "fp16" else 4
+    grad_bytes = 2 if j.plan.precision == "fp16" or j.plan.comm.compression in ("fp16", "bf16") \
+        else 4
     assert sum(stage.dp_bucket_bytes) == int(grad_bytes * stage.params)
 
 

@@ -1,92 +1,175 @@
-"""`trainpilot validate`: the committed gate CI runs, the calibration/held-out split, and
-negative controls showing the gate can fail."""
+"""`trainpilot validate`: the committed gates CI runs, the calibration / development /
+held-out split by source, the held-out sources as documents, and negative controls showing the
+gates can fail."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
 
 from tests.conftest import run_cli
+from trainpilot.perf.flops import count_params
 from trainpilot.perf.hardware import load_curves
 from trainpilot.perf.validation import (
     CALIBRATION,
+    DEVELOPMENT,
     HELD_OUT,
+    HELD_OUT_GATES,
+    POOLED,
     THRESHOLDS,
     all_cases,
     failures,
     run,
+    source_cases,
     summarize,
 )
 from trainpilot.perf.validation import vtrain
+from trainpilot.perf.validation.sources import load_sources
+from trainpilot.specs import ModelSpec
 
 HAVE_VTRAIN = vtrain.locate() is not None
 
 
-def test_validate_passes_its_committed_threshold():
+@pytest.fixture(scope="module")
+def held_out_results():
+    return run(source_cases())
+
+
+def test_validate_passes_its_committed_gates():
     """This is how CI runs the validation (the vTrain rows when ../shared is present)."""
     result = run_cli("validate", "--json")
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     data = json.loads(result.stdout)
     assert data["failures"] == []
-    assert data["thresholds"] == THRESHOLDS
-    by_key = {(s["dataset"], s["split"]): s for s in data["summaries"]}
-    for (dataset, split), s in by_key.items():
-        if dataset != "all held-out":
-            assert s["mape"] <= THRESHOLDS[s["kind"]], (dataset, split, s)
-    assert ("narayanan2021", HELD_OUT) in by_key and ("korthikanti2022", HELD_OUT) in by_key
+    assert data["thresholds"] == THRESHOLDS and data["held_out_gates"] == HELD_OUT_GATES
+    pooled = {s["model_kind"]: s for s in data["summaries"] if s["dataset"] == POOLED}
+    assert pooled["dense"]["mape"] <= HELD_OUT_GATES["dense"]
+    assert pooled["moe"]["mape"] <= HELD_OUT_GATES["moe"]
     if HAVE_VTRAIN:
-        assert ("vtrain_single", CALIBRATION) in by_key and ("vtrain_multi", HELD_OUT) in by_key
         assert len(data["rows"]) > 1500
 
 
-def test_without_vtrain_it_says_so_and_validates_the_papers(tmp_path):
-    result = run_cli("validate", env={"TRAINPILOT_VTRAIN_DIR": str(tmp_path)})
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
-    assert "vTrain measurements not found" in result.stdout
-    assert "narayanan2021" in result.stdout and "PASS" in result.stdout
+def test_held_out_set_size_and_sources(held_out_results):
+    """At least 40 dense and 12 MoE held-out rows from at least 6 sources, none refused."""
+    dense = [r for r in held_out_results if r.case.kind == "dense"]
+    moe = [r for r in held_out_results if r.case.kind == "moe"]
+    assert len(dense) >= 40 and len(moe) >= 12
+    assert len({r.case.dataset for r in held_out_results}) >= 6
+    assert len({r.case.dataset for r in moe}) >= 3
+    refused = [(r.case.label, r.refused) for r in held_out_results if r.predicted is None]
+    assert refused == []
+
+
+def test_every_source_cites_and_licenses_its_numbers():
+    """Sources are held out, except those a device's efficiency data is calibrated on."""
+    from trainpilot.perf.validation.calibrate import CALIBRATION_SOURCES
+
+    calibrating = {d for setup in CALIBRATION_SOURCES.values() for d in setup["datasets"]}
+    for src in load_sources():
+        assert src.split == (CALIBRATION if src.name in calibrating else HELD_OUT), src.name
+        assert src.citation and src.url.startswith("http") and src.licence, src.name
+        assert src.setup and src.assumed, src.name
+        assert src.rows
+
+
+def test_published_parameter_counts_match_the_model_documents():
+    """The MPT rows' NumParams column checks that our documents describe the models run."""
+    for src in load_sources():
+        models = {row["model_key"]: row["model"] for row in src.rows}
+        for name, published in src.param_counts:
+            spec = ModelSpec.model_validate(models[name])
+            assert count_params(spec).total == published, (src.name, name)
 
 
 def test_split_rule():
     cases = all_cases()
     calibration = [c for c in cases if c.split == CALIBRATION]
-    assert all(c.dataset.startswith("vtrain") for c in calibration)
-    assert all(int(c.label.split()[0][1:]) % 2 == 0 for c in calibration)
-    papers = [c for c in cases if not c.dataset.startswith("vtrain")]
-    assert len(papers) == 10 + 8 + 12 + 3 and all(c.split == HELD_OUT for c in papers)
+    vtrain_rows = [c for c in calibration if c.dataset.startswith("vtrain")]
+    assert {c.dataset for c in calibration} - {"vtrain_single", "vtrain_multi"} == \
+        {"dgxc_2024"}
+    assert all(int(c.label.split()[0][1:]) % 2 == 0 for c in vtrain_rows)
+    papers = [c for c in cases if c.dataset in ("narayanan2021", "korthikanti2022",
+                                                 "korthikanti2022_memory", "llama3_2024")]
+    assert len(papers) == 10 + 8 + 12 + 3 and all(c.split == DEVELOPMENT for c in papers)
+    held = [c for c in cases if c.split == HELD_OUT]
+    assert {c.dataset for c in held} == {s.name for s in load_sources()} - {"dgxc_2024"}
 
 
-def test_a_worse_curve_fails_the_gate():
-    """Negative control: halve the A100's GEMM efficiency and the gate must trip."""
-    curve = load_curves()["a100"]
-    slow = curve.replace(gemm_points=tuple((x, y / 2) for x, y in curve.gemm_points))
-    cases = [c for c in all_cases(find_vtrain=False)]
-    assert failures(summarize(run(cases))) == []
-    failed = failures(summarize(run(cases, slow)))
+def test_a_worse_curve_fails_the_gates():
+    """Negative control: halve the GEMM efficiency and the gates must trip, the held-out one
+    included."""
+    cases = all_cases(find_vtrain=False)
+    slow = {name: c.replace(gemm_points=tuple((x, y / 2) for x, y in c.gemm_points))
+            for name, c in load_curves().items()}
+    papers = [c for c in cases if c.split == DEVELOPMENT]
+    failed = failures(summarize(run(papers, slow["a100"])))
     assert any("narayanan2021" in line for line in failed)
-    assert any("korthikanti2022" in line for line in failed)
+    h100 = [c for c in cases if c.split == HELD_OUT and
+            c.cluster.device.efficiency_curve == "h100"]
+    failed = failures(summarize(run(h100, slow["h100"])))
+    assert any(line.startswith("held-out dense") for line in failed)
 
 
 @pytest.mark.skipif(not HAVE_VTRAIN, reason="vTrain measurements not present")
-def test_held_out_vtrain_rows_within_target():
+def test_vtrain_rows_within_target():
     results = run([c for c in all_cases() if c.dataset.startswith("vtrain")])
     for s in summarize(results):
         assert s.mape <= THRESHOLDS["time"], s
 
 
-def test_llama3_rows_are_held_out_on_an_unfitted_h100_curve():
-    """The H100 rows (Llama 3 405B, 8,192-16,384 GPUs) check efficiency data nothing was
-    fitted to; a curve with half the GEMM throughput must fail their gate."""
-    from trainpilot.perf.predict import CALIBRATED_CURVES
-    from trainpilot.perf.validation.calibrate import GEMM_CEILING
+def test_dumped_row_reproduces_with_predict(tmp_path):
+    """Every knob of a validation row is in the documents: the row written by --dump-row and
+    costed by `trainpilot predict --job` gives the value validate reports, exactly."""
+    label = "Qwen3-30B-A3B e8 fsdp8 mb4 8 GPUs"
+    path = tmp_path / "row.yaml"
+    assert run_cli("validate", "--dump-row", label, "--output", str(path)).returncode == 0
+    job = yaml.safe_load(path.read_text())
+    assert job["plan"]["runtime"]["stack"] == "pytorch"
+    out = run_cli("predict", "--job", str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    step = json.loads(out.stdout)["step_time_s"]
+    [case] = [c for c in source_cases() if c.label == label]
+    [result] = run([case])
+    assert step == pytest.approx(result.predicted, rel=1e-12)
 
-    cases = [c for c in all_cases(find_vtrain=False) if c.dataset == "llama3_2024"]
-    assert len(cases) == 3 and all(c.split == HELD_OUT for c in cases)
-    assert {c.cluster.device.efficiency_curve for c in cases} == {"h100"}
-    assert "h100" not in CALIBRATED_CURVES and "h100" not in GEMM_CEILING
-    results = run(cases)
-    assert failures(summarize(results)) == []
-    assert all(abs(r.error) < 0.15 for r in results), [r.error for r in results]
-    curve = load_curves()["h100"]
-    slow = curve.replace(gemm_points=tuple((x, y / 2) for x, y in curve.gemm_points))
-    assert any("llama3_2024" in line for line in failures(summarize(run(cases, slow))))
+
+def test_caveats_name_what_the_held_out_sources_found():
+    """Caveats follow the validation: an H100 Megatron plan is inside the calibrated regime;
+    a PyTorch FSDP plan carries the held-out finding (optimistic), MoE its held-out error."""
+    from trainpilot.perf import predict
+    from trainpilot.specs import Plan, load_cluster, load_model
+
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-sxm-x16")
+    base = dict(tp=2, pp=1, dp=8, micro_batch_size=1, global_batch_size=64, seq_len=8192)
+    mega = predict(model, cluster, Plan(zero=1, runtime=dict(stack="megatron"), **base))
+    assert mega.caveats == ()
+    fsdp = predict(model, cluster, Plan(zero=3, runtime=dict(stack="pytorch"), **base))
+    assert any("FSDP" in c and "optimistic" in c for c in fsdp.caveats)
+    moe = predict(load_model("mixtral-8x7b"), cluster,
+                  Plan(tp=2, pp=1, dp=8, ep=8, zero=1, micro_batch_size=1,
+                       global_batch_size=64, seq_len=4096))
+    assert any(c.startswith("MoE") for c in moe.caveats)
+
+
+def test_a_refitted_curve_replaces_only_its_own_familys_data():
+    """``validate --calibrate a100`` must not price H100 rows with the A100 data."""
+    from trainpilot.perf.hardware import load_curves
+    from trainpilot.perf.validation import all_cases, run
+
+    cases = [c for c in all_cases(find_vtrain=False) if c.dataset == "dgxc_2024"][:2]
+    plain = run(cases)
+    swapped = run(cases, load_curves()["a100"])
+    assert [r.predicted for r in swapped] == [r.predicted for r in plain]
+
+
+def test_validate_calibrate_takes_a_device_family():
+    from tests.conftest import run_cli
+
+    out = run_cli("validate", "--calibrate", "h100", "--max-evals", "3", "--source",
+                  "dgxc_2024")
+    assert out.returncode == 0, out.stderr
+    assert "calibration: 30 rows" in out.stdout
+    bad = run_cli("validate", "--calibrate", "tpu", "--source", "dgxc_2024")
+    assert bad.returncode == 2 and "--calibrate" in bad.stderr

@@ -130,7 +130,7 @@ def test_real_hyper_parameters_come_through():
     assert qwen.qk_norm and qwen.norm_eps == 1e-6 and qwen.moe.router_norm_topk
     ds = ModelSpec(**model_from_hf_config(DEEPSEEK_V3))
     assert (ds.moe.router_score, ds.moe.router_expert_bias) == ("sigmoid", True)
-    assert (ds.moe.router_num_groups, ds.moe.router_group_topk) == (8, 4)
+    assert (ds.moe.num_expert_groups, ds.moe.topk_groups) == (8, 4)
     assert ds.num_mtp_layers == 1 and ds.rope_scaling.type == "yarn"
 
 

@@ -46,6 +46,21 @@ def register(subparsers) -> None:
                         help="training precision (default bf16)")
     parser.add_argument("--no-flash-attention", action="store_true",
                         help="assume unfused attention (s^2 scores in memory)")
+    parser.add_argument("--runtime", default=None, metavar="PROFILE",
+                        help="the stack that runs the plans: trainpilot (default), pytorch, "
+                             "megatron, megatron-legacy, deepspeed, or inline "
+                             "'stack=megatron,tp_comm_overlap=true'")
+    for axis in ("tp", "pp", "cp", "ep"):
+        parser.add_argument(f"--{axis}", default=None, metavar="N[,N...]",
+                            help=f"only these {axis} sizes (comma-separated)")
+    parser.add_argument("--no-cp", action="store_true", help="no context parallelism")
+    parser.add_argument("--max-tp", type=int, default=None, metavar="N",
+                        help="tensor-parallel sizes up to N")
+    parser.add_argument("--tp-across-nodes", action="store_true",
+                        help="allow TP groups that span nodes (off: TP stays inside a node)")
+    parser.add_argument("--max-idle-devices", type=int, default=None, metavar="N",
+                        help="devices a plan may leave idle (default: one node when the device "
+                             "count has a prime factor above 7, else 0)")
     parser.add_argument("--export",
                         choices=["yaml", "megatron", "torchtitan", "deepspeed", "slurm"],
                         help="print a ranked plan (the best, or --pick N) in this format "
@@ -73,13 +88,14 @@ def run(args: argparse.Namespace) -> int:
     if args.pick < 1:
         raise SpecError("--pick", args.pick, "valid: 1 (the best) or more")
     model, cluster = load_model(args.model), load_cluster(args.cluster)
-    options = CostOptions(flash_attention=not args.no_flash_attention)
+    options = CostOptions(flash_attention=False if args.no_flash_attention else None)
+    space, runtime = _space(args), _runtime(args.runtime)
     with console.status(f"searching layouts of {model.name} on {cluster.name}...",
                         spinner="dots") if not args.json else _null():
         result = search(model, cluster, global_batch_size=args.global_batch_size,
                         seq_len=args.seq_len, top=max(args.top, args.pick),
-                        headroom=args.headroom,
-                        precision=args.precision, options=options)
+                        headroom=args.headroom, precision=args.precision, options=options,
+                        space=space, runtime=runtime)
     if not result:
         return _no_plan(result, args.json)
     if args.export:
@@ -100,6 +116,48 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print_search(console, result)
     return 0
+
+
+def _sizes(flag: str, text: str | None) -> tuple[int, ...] | None:
+    from trainpilot.specs import SpecError
+
+    if text is None:
+        return None
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SpecError(flag, text, "valid: positive integers separated by commas") from None
+    if not sizes or any(n < 1 for n in sizes):
+        raise SpecError(flag, text, "valid: positive integers separated by commas")
+    return sizes
+
+
+def _space(args: argparse.Namespace):
+    from trainpilot.plan import SearchSpace
+    from trainpilot.specs import SpecError
+
+    if args.no_cp and args.cp:
+        raise SpecError("--no-cp", True, "contradicts --cp; give one of them")
+    for flag in ("max_tp", "max_idle_devices"):
+        value = getattr(args, flag)
+        if value is not None and value < (1 if flag == "max_tp" else 0):
+            raise SpecError(f"--{flag.replace('_', '-')}", value, "valid: a positive count")
+    return SearchSpace(tp=_sizes("--tp", args.tp), pp=_sizes("--pp", args.pp),
+                       cp=_sizes("--cp", args.cp), ep=_sizes("--ep", args.ep),
+                       context_parallel=not args.no_cp, max_tp=args.max_tp,
+                       tp_across_nodes=args.tp_across_nodes or args.tp is not None,
+                       max_idle_devices=args.max_idle_devices)
+
+
+def _runtime(text: str | None):
+    """A RuntimeProfile from a stack name or inline key=value pairs."""
+    from trainpilot.specs import RuntimeProfile, parse_inline
+    from trainpilot.specs.loading import validate
+
+    if text is None:
+        return None
+    data = parse_inline(text, doc="runtime") if "=" in text else dict(stack=text)
+    return validate(RuntimeProfile, data, doc="runtime")
 
 
 def _no_plan(result, as_json: bool) -> int:

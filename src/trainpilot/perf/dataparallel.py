@@ -1,23 +1,27 @@
-"""Data-parallel traffic of one pipeline stage per ZeRO stage, and how much of it is exposed.
+"""Data-parallel traffic of one pipeline stage, as the executing stack issues it, and how much
+of it is exposed.
 
-Gradients travel at ``grad_bytes`` per element in every ZeRO stage (``CostOptions``: fp32 for
-bf16 runs, as Megatron reduces its main gradients and as torchtitan's FSDP2 default
-``mixed_precision_reduce = float32`` does; 16-bit for fp16 runs or when set), parameters are
-gathered in 16-bit. Dense parameters reduce over the dp x cp group, expert parameters over the
-expert-data-parallel group.
+Gradients travel at ``grad_bytes`` per element (``runtime.grad_bytes``: fp32 by default for
+bf16 runs, 16-bit with ``comm.compression``), parameters are gathered in 16-bit. Dense
+parameters reduce over the dp x cp group, expert parameters over the expert-data-parallel group.
 
-* zero 0: all-reduce the gradients once per step, after (or overlapped with) the last
-  micro-batch's backward;
-* zero 1: reduce-scatter the gradients likewise, all-gather the updated parameters before (or
-  overlapped with) the next step's first forward;
-* zero 2: reduce-scatter 16-bit gradients after every micro-batch's backward, all-gather the
-  parameters once per step;
-* zero 3: all-gather the parameters for every micro-batch's forward and again for its backward,
-  reduce-scatter its gradients; with HSDP the shards are then all-reduced across replicas.
+When gradients are reduced (``runtime.grad_sync``):
 
-Collectives are issued in pieces, each paying the collective's latency: gradient reductions
-and parameter gathers of ZeRO 0-2 in buckets of ``comm.bucket_mb``, ZeRO-3 gathers and scatters
-once per layer (FSDP wraps each decoder layer).
+* ``step`` (Megatron's distributed optimizer and DDP with overlap, PyTorch DDP ``no_sync`` and
+  FSDP2's ``set_requires_gradient_sync``, trainpilot's runtime): gradients accumulate unsharded
+  over the micro-batches and are reduced once, during the last micro-batch's backward. ZeRO-2
+  then moves the same bytes as ZeRO-1 (and holds the same gradient memory while accumulating);
+* ``micro_batch`` (DeepSpeed ZeRO-2, FSDP without no_sync): ZeRO-2/3 reduce-scatter after every
+  micro-batch's backward and keep only their shard.
+
+Per ZeRO stage: zero 0 all-reduces gradients; zero 1 and 2 reduce-scatter them and all-gather
+the updated parameters before (or overlapped with) the next step's first forward; zero 3
+all-gathers each unit's parameters for every micro-batch's forward and again for its backward
+(and with HSDP all-reduces the shards across replicas once per step).
+
+Pieces: FSDP-style stacks (PyTorch FSDP/FSDP2, trainpilot, Megatron-FSDP for zero 3) issue one
+collective per wrapped unit (a decoder layer); DDP and Megatron's buffers use ``comm.bucket_mb``.
+Each piece pays its collective's latency (``Network``: NCCL's tuner model).
 
 Overlap (``comm.overlap``): traffic hides behind the compute window it overlaps except the first
 or last piece, and slows the overlapped kernels by the device's ``overlap_slowdown``.
@@ -33,15 +37,15 @@ from trainpilot.perf.topology import GroupSpan, Network
 
 @dataclass(frozen=True, slots=True)
 class Traffic:
-    """Seconds of raw (unoverlapped) traffic for one stage; ``*_edge_s`` is the bucket that
+    """Seconds of raw (unoverlapped) traffic for one stage; ``*_edge_s`` is the piece that
     cannot overlap (the last gradient bucket, the first gathered one)."""
 
-    step_grad_s: float = 0.0  # zero 0/1, once per step
+    step_grad_s: float = 0.0  # reduced once per step (after the last micro-batch)
     step_grad_edge_s: float = 0.0
     step_gather_s: float = 0.0  # zero 1/2, once per step
     step_gather_edge_s: float = 0.0
     mb_fwd_s: float = 0.0  # zero 3 gathers per micro-batch forward
-    mb_bwd_s: float = 0.0  # zero 2 scatters / zero 3 gathers + scatters per micro-batch backward
+    mb_bwd_s: float = 0.0  # per micro-batch backward: zero 3 gathers (+ scatters when per mb)
     mb_edge_s: float = 0.0
     replicate_s: float = 0.0  # HSDP all-reduce across replicas, once per step
     tied_s: float = 0.0  # tied-embedding gradient all-reduce between first and last stage
@@ -49,7 +53,7 @@ class Traffic:
     @property
     def step_s(self) -> float:
         """The traffic issued once per step (what a step timeline schedules after the last
-        backward); ZeRO-2/3's per-micro-batch traffic is part of each micro-batch's time."""
+        backward); per-micro-batch traffic is part of each micro-batch's time."""
         return self.step_grad_s + self.step_gather_s + self.replicate_s + self.tied_s
 
     def total_s(self, num_micro_batches: int) -> float:
@@ -58,56 +62,72 @@ class Traffic:
                 + num_micro_batches * (self.mb_fwd_s + self.mb_bwd_s))
 
 
+def per_unit(stack: str, zero: int) -> bool:
+    """Whether the stack issues one collective per wrapped unit (FSDP) rather than buckets."""
+    if stack in ("trainpilot", "pytorch"):
+        return zero >= 1
+    return zero == 3 and stack == "megatron"
+
+
 def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
             spans: dict[str, GroupSpan], hierarchical: bool, bucket_bytes: float,
-            dp_shard: int | None, tied_bytes: float, num_layers: int) -> Traffic:
+            dp_shard: int | None, tied_bytes: float, num_layers: int,
+            units: bool = False, sync: str = "micro_batch") -> Traffic:
     """Raw data-parallel traffic of one stage (see the module docstring); ``num_layers``:
-    decoder layers on the stage (ZeRO-3's gather/scatter units)."""
+    decoder layers on the stage (the FSDP units when ``units``); ``sync``: ``step`` or
+    ``micro_batch`` (``runtime.grad_sync``)."""
     dense, expert = params.dense, params.expert
     dp, edp = spans["dp"], spans["expert_dp"]
     ops = {"ar": net.all_reduce_s, "rs": net.reduce_scatter_s, "ag": net.all_gather_s}
-    units = max(1, num_layers)
+    layers = max(1, num_layers)
 
     def op(span: GroupSpan, num_bytes: float, kind: str, pieces: float = 1.0) -> float:
-        """``num_bytes`` in ``pieces`` collectives: the bandwidth term once, the latency (a
-        1-byte collective) once per extra piece."""
-        if num_bytes <= 0:
+        """``num_bytes`` in ``pieces`` equal collectives."""
+        if num_bytes <= 0 or span.size <= 1:
             return 0.0
-        fn = ops[kind]
-        extra = (pieces - 1) * fn(span, 1.0, hierarchical=hierarchical) if pieces > 1 else 0.0
-        return fn(span, num_bytes, hierarchical=hierarchical) + extra
+        pieces = max(1.0, pieces)
+        return pieces * ops[kind](span, num_bytes / pieces, hierarchical=hierarchical)
 
-    def bucketed(span: GroupSpan, num_bytes: float, kind: str) -> float:
-        return op(span, num_bytes, kind, max(1.0, -(-num_bytes // bucket_bytes)))
+    def pieces_of(num_bytes: float) -> float:
+        return float(layers) if units else max(1.0, -(-num_bytes // bucket_bytes))
 
-    def both(span: GroupSpan, per_param: float, kind: str, per_layer: bool = False) -> float:
-        if per_layer:
-            return op(span, per_param * dense, kind, units) + \
-                op(edp, per_param * expert, kind, units)
-        return bucketed(span, per_param * dense, kind) + bucketed(edp, per_param * expert, kind)
+    def both(span: GroupSpan, per_param: float, kind: str) -> float:
+        return op(span, per_param * dense, kind, pieces_of(per_param * dense)) + \
+            op(edp, per_param * expert, kind, pieces_of(per_param * expert) if expert else 1)
 
     def edge(span: GroupSpan, per_param: float, kind: str) -> float:
-        return op(span, min(bucket_bytes, per_param * dense), kind)
+        total = per_param * (dense + expert)
+        piece = total / layers if units else min(bucket_bytes, total)
+        return op(span, piece, kind)
 
     tied = op(spans["pp"], tied_bytes, "ar") if tied_bytes else 0.0
-    if zero in (0, 1):
-        kind = "ar" if zero == 0 else "rs"
-        out = dict(step_grad_s=both(dp, grad_bytes, kind),
-                   step_grad_edge_s=edge(dp, grad_bytes, kind))
-        if zero == 1:
-            out.update(step_gather_s=both(dp, 2, "ag"), step_gather_edge_s=edge(dp, 2, "ag"))
-        return Traffic(tied_s=tied, **out)
-    if zero == 2:
-        return Traffic(mb_bwd_s=both(dp, grad_bytes, "rs"), mb_edge_s=edge(dp, grad_bytes, "rs"),
-                       step_gather_s=both(dp, 2, "ag"), step_gather_edge_s=edge(dp, 2, "ag"),
-                       tied_s=tied)
+    if zero == 0:
+        return Traffic(step_grad_s=both(dp, grad_bytes, "ar"),
+                       step_grad_edge_s=edge(dp, grad_bytes, "ar"), tied_s=tied)
+    if zero in (1, 2):
+        gather = dict(step_gather_s=both(dp, 2, "ag"), step_gather_edge_s=edge(dp, 2, "ag"))
+        if zero == 2 and sync == "micro_batch":
+            return Traffic(mb_bwd_s=both(dp, grad_bytes, "rs"),
+                           mb_edge_s=edge(dp, grad_bytes, "rs"), tied_s=tied, **gather)
+        return Traffic(step_grad_s=both(dp, grad_bytes, "rs"),
+                       step_grad_edge_s=edge(dp, grad_bytes, "rs"), tied_s=tied, **gather)
     shard = spans.get("dp_shard", dp)
-    ag, rs = both(shard, 2, "ag", per_layer=True), both(shard, grad_bytes, "rs", per_layer=True)
+
+    def per_layer(span: GroupSpan, per_param: float, kind: str) -> float:
+        return op(span, per_param * dense, kind, layers) + \
+            op(edp, per_param * expert, kind, layers if expert else 1)
+
+    ag = per_layer(shard, 2, "ag")
+    rs = per_layer(shard, grad_bytes, "rs")
     replicate = 0.0
     if "dp_replicate" in spans:
         replicate = op(spans["dp_replicate"], grad_bytes * dense / (dp_shard or 1), "ar")
-    return Traffic(mb_fwd_s=ag, mb_bwd_s=ag + rs,
-                   mb_edge_s=op(shard, 2 * params.largest_layer, "ag"), replicate_s=replicate,
+    edge_ag = op(shard, 2 * params.largest_layer, "ag")
+    if sync == "step":
+        return Traffic(mb_fwd_s=ag, mb_bwd_s=ag, mb_edge_s=edge_ag, step_grad_s=rs,
+                       step_grad_edge_s=op(shard, grad_bytes * params.largest_layer, "rs"),
+                       replicate_s=replicate, tied_s=tied)
+    return Traffic(mb_fwd_s=ag, mb_bwd_s=ag + rs, mb_edge_s=edge_ag, replicate_s=replicate,
                    tied_s=tied)
 
 

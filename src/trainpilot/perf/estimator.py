@@ -5,18 +5,19 @@ builds pydantic objects: a ``Layout`` is a plain frozen dataclass; per-layer cos
 parameter counts are cached by the few fields they depend on; and stages that hold the same
 layers (every middle stage of an even split) are costed once.
 
-Step time (1F1B over ``p`` stages, ``m`` micro-batches, ``v`` virtual stages per rank):
-``m * t_c + (sum_i t_i - t_c) / v + 2 x (m v + p - 2) + max_i(tail_i)``, where ``t_i`` is stage
-i's forward + backward (+ exposed ZeRO-2/3 traffic) per micro-batch, ``t_c`` the slowest stage's,
-``x`` one activation transfer between stages, and ``tail_i`` the data-parallel traffic and
-optimizer step stage i cannot hide. For uniform stages the bubble term is Narayanan's
-``(p-1)/(v m)`` of the busy time. Zero-bubble (ZB-H1) keeps a third of 1F1B's bubble (Qi et al.
-2023).
+Step time (``p`` stages, ``m`` micro-batches, ``v`` virtual stages per rank):
+``m * t_c + bubble + transfers + max_i(tail_i)``, where ``t_i`` is stage i's forward + backward
+(+ exposed ZeRO-2/3 traffic) per micro-batch, ``t_c`` the slowest stage's, and ``tail_i`` the
+data-parallel traffic and optimizer step stage i cannot hide. The bubble is
+``stages.pipeline_bubble``: ``(sum_i t_i - t_c) / v`` (Narayanan's ``(p-1)/(v m)`` for uniform
+stages), for zero-bubble the same with each stage's weight-gradient GEMMs taken out (the step
+simulator's result). Transfers are ``group.pp_transfer_s``: every one of the ``2 (m + p - 2)``
+for 1F1B, only the fill and drain's ``2 (p - 1)`` when interleaved (overlapped p2p).
 """
 
 from __future__ import annotations
 
-from trainpilot.perf.dataparallel import Traffic, exposed, traffic
+from trainpilot.perf.dataparallel import Traffic, exposed, per_unit, traffic
 from trainpilot.perf.flops import hardware_flops_per_token, model_flops_per_token
 from trainpilot.perf.group import Group
 from trainpilot.perf.hardware import Device, curve_for, device_model
@@ -48,7 +49,6 @@ class Estimator:
         self.options = options or CostOptions()
         curve = self.options.curve or curve_for(cluster)
         self.net = Network.of(cluster, curve.collective_library)
-        self.dropout = self.options.dropout_for(model)
         self._moe = [model.is_moe_layer(i) for i in range(model.num_hidden_layers)]
         self._devices: dict[str, Device] = {}
         self._layers: dict[tuple, LayerCost] = {}
@@ -62,34 +62,47 @@ class Estimator:
         self._flights: dict[tuple, tuple[float, ...]] = {}
         self._p2p_cache: dict[tuple, float] = {}
         self._acts: dict[tuple, tuple[float, float, float]] = {}
+        self._windows: dict[int, float] = {}
 
     # -- cached pieces ---------------------------------------------------------------------
-    def device(self, precision: str) -> Device:
-        found = self._devices.get(precision)
+    def device(self, precision: str, host_us: float | None = None,
+               stack: str | None = None) -> Device:
+        """The device at ``precision``; ``host_us`` replaces the host time per kernel (the
+        runtime profile's, else the CostOptions override, else the device data's for
+        ``stack``)."""
+        host_us = self.options.host_us_per_kernel if host_us is None else host_us
+        key = (precision, host_us, stack)
+        found = self._devices.get(key)
         if found is None:
             curve = self.options.curve or curve_for(self.cluster)
-            if self.options.host_us_per_kernel is not None:
-                curve = curve.replace(host_us_per_kernel=self.options.host_us_per_kernel)
-            found = self._devices[precision] = device_model(self.cluster, precision, curve)
+            if host_us is None and stack is not None:
+                host_us = curve.host_us_for(stack)
+            if host_us is not None:
+                curve = curve.replace(host_us_per_kernel=host_us)
+            found = self._devices[key] = device_model(self.cluster, precision, curve)
         return found
 
+    def lay_device(self, lay: Layout) -> Device:
+        return self.device(lay.precision, lay.rt.host_us, lay.rt.stack)
+
     def placement(self, lay: Layout) -> Placement:
-        dp_ep = lay.ep // _gcd(lay.ep, lay.cp)
-        sizes = (("tp", lay.tp), ("cp", lay.cp), ("dp_ep", dp_ep), ("pp", lay.pp),
-                 ("dp", lay.dp // dp_ep))
-        return Placement.from_sizes(sizes, self.cluster.devices_per_node,
-                                    int(self.cluster.nodes_per_rack))
+        return Placement.build(tp=lay.tp, cp=lay.cp, dp=lay.dp, pp=lay.pp, ep=lay.ep,
+                               etp=lay.etp, order=lay.rank_order,
+                               devices_per_node=self.cluster.devices_per_node,
+                               nodes_per_rack=int(self.cluster.nodes_per_rack))
 
     def spans(self, lay: Layout) -> dict[str, GroupSpan]:
-        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.dp_shard)
+        key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.dp_shard, lay.etp, lay.rank_order)
         found = self._spans.get(key)
         if found is None:
             place = self.placement(lay)
-            found = place.groups(lay.ep)
+            found = place.groups()
             if lay.dp_shard:
                 axes = ("cp", "dp_ep", "dp")
-                found["dp_shard"] = place.span_prefix(axes, lay.dp_shard * lay.cp)
-                found["dp_replicate"] = place.span_stride(axes, lay.dp_shard * lay.cp)
+                found["dp_shard"] = place.sub_span(axes, lay.dp_shard * lay.cp,
+                                                   stride_part=False)
+                found["dp_replicate"] = place.sub_span(axes, lay.dp_shard * lay.cp,
+                                                       stride_part=True)
             self._spans[key] = found
         return found
 
@@ -136,35 +149,54 @@ class Estimator:
             tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
             seq_len=lay.seq_len,
             sequence_parallel=lay.sequence_parallel if sp is None else sp,
-            flash_attention=self.options.flash_attention, dropout=self.dropout,
-            ep_imbalance=self.options.ep_imbalance if lay.ep > 1 else 1.0,
-            gemm_input_bytes=_gemm_input_bytes(lay.precision),
+            flash_attention=lay.rt.flash_attention, dropout=lay.rt.dropout,
+            ep_imbalance=lay.rt.moe_imbalance if lay.ep > 1 else 1.0,
+            gemm_input_bytes=_gemm_input_bytes(lay.precision), etp=lay.etp or 0, rt=lay.rt,
+            window_factor=self.window_factor(lay.seq_len),
+            num_micro_batches=min(lay.num_micro_batches, 2),
         )
+
+    def window_factor(self, seq_len: int) -> float:
+        """Keys per query averaged over the layers, relative to the causal half of the
+        sequence (1.0 without sliding windows)."""
+        found = self._windows.get(seq_len)
+        if found is None:
+            total = 0.0
+            for index in range(self.model.num_hidden_layers):
+                span = self.model.attention_span(index, seq_len)
+                total += 1.0 if span >= seq_len else span * (1 - span / (2 * seq_len)) / \
+                    (seq_len / 2)
+            found = self._windows[seq_len] = total / self.model.num_hidden_layers
+        return found
 
     def layer_act(self, lay: Layout, moe_layer: bool, sp: bool,
                   micro_batch_size: int | None = None) -> tuple[float, float, float]:
         """(none, selective, full) activation bytes per layer and micro-batch (memory checks
         need no time model); ``micro_batch_size`` overrides the layout's."""
         mb = micro_batch_size or lay.micro_batch_size
-        key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp, lay.precision)
+        key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp, lay.precision,
+               lay.rt.flash_attention, lay.rt.dropout, lay.etp)
         found = self._acts.get(key)
         if found is None:
             setup = LayerSetup(
                 tp=lay.tp, cp=lay.cp, ep=lay.ep, micro_batch_size=mb, seq_len=lay.seq_len,
-                sequence_parallel=sp, flash_attention=self.options.flash_attention,
-                dropout=self.dropout, gemm_input_bytes=_gemm_input_bytes(lay.precision))
+                sequence_parallel=sp, flash_attention=lay.rt.flash_attention,
+                dropout=lay.rt.dropout, gemm_input_bytes=_gemm_input_bytes(lay.precision),
+                etp=lay.etp or 0)
             found = self._acts[key] = activation_bytes(self.model, moe_layer, setup)
         return found
 
     def layer(self, lay: Layout, moe_layer: bool, spans: dict[str, GroupSpan]) -> LayerCost:
         # A dense layer does not see expert parallelism: leave it out of the key.
         ep, ep_span = (lay.ep, spans["ep"]) if moe_layer else (1, None)
+        etp = (lay.etp, spans.get("etp")) if moe_layer else None
         key = (moe_layer, lay.tp, lay.cp, ep, lay.micro_batch_size, lay.seq_len,
-               lay.sequence_parallel, lay.precision, spans["tp"], spans["cp"], ep_span)
+               lay.sequence_parallel, lay.precision, spans["tp"], spans["cp"], ep_span, lay.rt,
+               etp, lay.num_micro_batches >= 2)
         found = self._layers.get(key)
         if found is None:
             found = self._layers[key] = layer_cost(self.model, moe_layer, self._setup(lay),
-                                                   self.device(lay.precision), self.net, spans)
+                                                   self.lay_device(lay), self.net, spans)
         return found
 
     def params(self, lay: Layout, sig: _Sig) -> RankParams:
@@ -252,7 +284,7 @@ class Estimator:
         return Costing(
             layout=lay, stages=per_stage, step_time_s=step, breakdown_s=breakdown,
             peak_bytes=peak, peak_stage=peak_stage, model_flops_per_step=model_fpt * tokens_step,
-            hardware_flops_per_step=hw_fpt * tokens_step, peak_flops=g.dev.peak_flops,
+            hardware_flops_per_step=hw_fpt * tokens_step, peak_flops=g.dev.nominal_flops,
             hbm_bytes=g.dev.hbm_bytes, spans=g.spans,
         )
 
@@ -260,13 +292,13 @@ class Estimator:
         if lay.pp == 1:
             return 0.0
         key = (lay.micro_batch_size * lay.seq_len / (lay.cp * lay.tp), spans["pp"],
-               lay.precision)
+               lay.precision, lay.rt.host_us)
         found = self._p2p_cache.get(key)
         if found is None:
             # Megatron sends 1/tp of the activation per TP rank (scatter-gather optimisation).
             num_bytes = ACT_BYTES * key[0] * self.model.hidden_size
             found = self._p2p_cache[key] = max(self.net.p2p_s(spans["pp"], num_bytes),
-                                               self.device(lay.precision).host_coll_s)
+                                               self.lay_device(lay).host_coll_s)
         return found
 
     def _edges(self, lay: Layout, spans: dict[str, GroupSpan], first: bool,
@@ -276,7 +308,7 @@ class Estimator:
         if not (first or last):
             return 0.0, 0.0, 0.0, 0.0
         key = (lay.tp, lay.cp, lay.micro_batch_size, lay.seq_len, lay.sequence_parallel,
-               lay.precision, first, last, spans["tp"])
+               lay.precision, first, last, spans["tp"], lay.rt)
         found = self._edge_cache.get(key)
         if found is None:
             found = self._edge_cache[key] = self._edges_uncached(lay, spans, first, last)
@@ -284,7 +316,7 @@ class Estimator:
 
     def _edges_uncached(self, lay: Layout, spans: dict[str, GroupSpan], first: bool,
                         last: bool) -> tuple[float, float, float, float]:
-        dev = self.device(lay.precision)
+        dev = self.lay_device(lay)
         h, t, v = self.model.hidden_size, lay.tp, self.model.vocab_size
         tokens = lay.micro_batch_size * lay.seq_len / lay.cp
         tokens_sp = tokens / t if lay.sequence_parallel else tokens
@@ -306,8 +338,10 @@ class Estimator:
             b += max(BWD_MEM * dev.memory_s(2 * ACT_BYTES * tokens_sp * h), host)
             f += max(dev.gemm_s(tokens, v / t, h), host)
             b += max(2 * dev.gemm_s(tokens, v / t, h), 2 * host)
-            f += max(dev.memory_s(12.0 * tokens * v / t), 4 * host)  # fp32 vocab-parallel loss
-            b += max(dev.memory_s(8.0 * tokens * v / t), 2 * host)
+            # fp32 vocab-parallel loss; eager PyTorch's log_softmax + nll moves more (runtime)
+            loss = lay.rt.traffic("loss")
+            f += max(loss * dev.memory_s(12.0 * tokens * v / t), lay.rt.kernels("loss") * host)
+            b += max(loss * dev.memory_s(8.0 * tokens * v / t), 2 * host)
             if t > 1:
                 tf += 3 * max(net.all_reduce_s(span, 4.0 * tokens), coll)
                 if sp:
@@ -318,20 +352,23 @@ class Estimator:
     def _data_parallel(self, lay: Layout, spans: dict[str, GroupSpan], st: StageNumbers,
                        sig: _Sig) -> None:
         """The stage's gradient/parameter traffic, its exposure and the optimizer step."""
-        dev = self.device(lay.precision)
-        gbytes = self.options.grad_bytes_for(lay.precision)
+        dev = self.lay_device(lay)
+        gbytes = lay.rt.grad_bytes
         tied = self.model.tie_word_embeddings and lay.pp > 1 and (sig.first or sig.last)
+        units = per_unit(lay.rt.stack, lay.zero)
+        sync = lay.rt.grad_sync
         key = (lay.zero, gbytes, st.params, spans["dp"], spans["expert_dp"], spans["pp"],
                spans.get("dp_shard"), lay.hierarchical, lay.bucket_mb, lay.dp_shard, tied,
-               len(sig.ids))
+               len(sig.ids), units, sync, lay.algorithm)
         tr = self._traffic.get(key)
         if tr is None:
             tied_bytes = gbytes * self.model.vocab_size * self.model.hidden_size / lay.tp \
                 if tied else 0.0
             tr = self._traffic[key] = traffic(
-                self.net, zero=lay.zero, params=st.params, grad_bytes=gbytes, spans=spans,
-                hierarchical=lay.hierarchical, bucket_bytes=lay.bucket_mb * 1e6,
-                dp_shard=lay.dp_shard, tied_bytes=tied_bytes, num_layers=len(sig.ids))
+                self.net.with_algorithm(lay.algorithm), zero=lay.zero, params=st.params,
+                grad_bytes=gbytes, spans=spans, hierarchical=lay.hierarchical,
+                bucket_bytes=lay.bucket_mb * 1e6, dp_shard=lay.dp_shard, tied_bytes=tied_bytes,
+                num_layers=len(sig.ids), units=units, sync=sync)
         ov, sigma = lay.overlap, dev.curve.overlap_slowdown
         st.fsdp_fwd_s = exposed(tr.mb_fwd_s, st.fwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
         st.fsdp_bwd_s = exposed(tr.mb_bwd_s, st.bwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
@@ -344,6 +381,8 @@ class Estimator:
         st.dp_comm_s = tr.step_s
         grad_bytes = int(gbytes * st.params.total)
         size = max(1, int(lay.bucket_mb * 1e6))
+        if units:
+            size = max(1, int(gbytes * st.params.largest_layer))
         full, rest = divmod(grad_bytes, size)
         st.bucket_bytes = tuple([size] * full + ([rest] if rest else []))
         shards = (lay.dp_shard or lay.dp) * lay.cp

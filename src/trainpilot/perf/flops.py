@@ -189,3 +189,46 @@ def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> 
     elif recompute == "selective":
         extra = fwd.attention_scores
     return 3.0 * fwd.total + extra
+
+
+def causal_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token in the causal count (Megatron-LM since 2025-03, torchtitan):
+    as ``model_flops_per_token`` with the attention scores over the causal half of the square,
+    and over the window only on sliding-window layers (a query attends to at most
+    ``attention_span`` keys, on average half of them when the span is the whole sequence)."""
+    fwd = forward_flops_per_token(model, seq_len)
+    per_layer = fwd.attention_scores / model.num_hidden_layers  # full square, one layer
+    scores = 0.0
+    for index in range(model.num_hidden_layers):
+        span = model.attention_span(index, seq_len)
+        # Mean keys per query: (s + 1) / 2 ~ s / 2 causal; a window w << s: ~ w.
+        mean_keys = seq_len / 2 if span >= seq_len else span * (1 - span / (2 * seq_len))
+        scores += per_layer * mean_keys / seq_len
+    return 3.0 * (fwd.total - fwd.attention_scores + scores)
+
+
+def narayanan_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """Narayanan et al. 2021's per-token count with the recompute forward included:
+    96 l h^2 (1 + s/(6h) + V/(16 l h)) / s x s = 96 l h^2 (...) per sequence / s."""
+    l, h, v = model.num_hidden_layers, model.hidden_size, model.vocab_size
+    return 96.0 * l * h * h * (1 + seq_len / (6 * h) + v / (16 * l * h))
+
+
+# Named FLOP conventions for published TFLOP/s and MFU: FLOPs per token at a sequence length.
+CONVENTIONS = {
+    # Megatron-LM's num_floating_point_operations until 2025-03 (Narayanan et al. 2021's
+    # count without recompute): attention over the full s x s square, logits included.
+    "megatron_full": model_flops_per_token,
+    # Megatron-LM since 2025-03 and torchtitan: causal attention counted once.
+    "megatron_causal": causal_flops_per_token,
+    # Narayanan et al. 2021, Table 1: the full-square count plus the recompute forward.
+    "narayanan": narayanan_flops_per_token,
+}
+
+
+def convention_flops_per_token(model: ModelSpec, seq_len: int, convention: str) -> float:
+    """FLOPs per token under a named convention (ValueError for an unknown name)."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown FLOP convention {convention!r}; valid: "
+                         f"{', '.join(CONVENTIONS)}")
+    return CONVENTIONS[convention](model, seq_len)

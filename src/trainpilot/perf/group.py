@@ -11,15 +11,28 @@ from trainpilot.perf.memory import bytes_per_param
 from trainpilot.perf.stages import (
     _MODE_INDEX,
     OPT_BYTES_PER_PARAM,
-    ZB_BUBBLE,
     Layout,
     StageNumbers,
     _add_edges,
     _add_layers,
+    pipeline_bubble,
 )
 
 if TYPE_CHECKING:
     from trainpilot.perf.estimator import Estimator
+
+def pp_transfer_s(p2p: float, m: int, p: int, v: int) -> float:
+    """Activation/gradient transfers between stages on the critical path per step. 1F1B
+    (Megatron's blocking batched send/recv): every one of the ``2 (m + p - 2)``; interleaved
+    (Megatron overlaps them with the next chunk's compute, ``--overlap-p2p-comm``, the default
+    with virtual stages, as the step simulator's asynchronous links do): only the ``2 (p - 1)``
+    of the pipeline's fill and drain."""
+    if p <= 1:
+        return 0.0
+    if v > 1:
+        return 2 * p2p * (p - 1)
+    return 2 * p2p * (m + p - 2)
+
 
 class Group:
     """What the ZeRO / recompute / sequence-parallel variants of one layout share: spans,
@@ -35,7 +48,7 @@ class Group:
             self.spans = est.spans(lay)
             self.sg = est.signatures(lay)
             self.params = est.sig_params(lay)
-            self.dev = est.device(lay.precision)
+            self.dev = est.lay_device(lay)
         else:
             self.spans, self.sg, self.params, self.dev = like.spans, like.sg, like.params, \
                 like.dev
@@ -66,7 +79,8 @@ class Group:
                       global_batch_size=b.global_batch_size, seq_len=b.seq_len,
                       recompute=recompute, sequence_parallel=sp, precision=b.precision,
                       schedule=b.schedule, stage_layers=b.stage_layers, dp_shard=b.dp_shard,
-                      overlap=b.overlap, hierarchical=b.hierarchical, bucket_mb=b.bucket_mb)
+                      overlap=b.overlap, hierarchical=b.hierarchical, bucket_mb=b.bucket_mb,
+                      etp=b.etp, rank_order=b.rank_order, algorithm=b.algorithm, rt=b.rt)
 
     def layers(self, sp: bool) -> tuple[LayerCost, LayerCost]:
         """(dense, MoE) layer costs with or without sequence parallelism."""
@@ -105,7 +119,9 @@ class Group:
         mb = micro_batch_size or lay.micro_batch_size
         m = lay.global_batch_size // (mb * lay.dp)
         peak, peak_stage = -1.0, 0
-        for k, (_, _, _, static, act, edge) in enumerate(self._coefficients(zero, mode, sp)):
+        unsharded = lay.rt.grad_sync == "step" and m > 1
+        for k, (_, _, _, static, act, edge) in enumerate(
+                self._coefficients(zero, mode, sp, unsharded)):
             i = self.sg.first_index[k]
             flight = self.flight[k] if mb == lay.micro_batch_size else \
                 self.est.flight(lay.schedule, i, lay.pp, lay.vp, m, self.sg.sigs[k].chunks)
@@ -118,7 +134,8 @@ class Group:
         """Per-signature StageNumbers with their bytes, the peak bytes and its rank."""
         out: list[StageNumbers] = []
         mb = lay.micro_batch_size
-        coeffs = self._coefficients(lay.zero, lay.recompute, lay.sequence_parallel)
+        unsharded = lay.rt.grad_sync == "step" and lay.num_micro_batches > 1
+        coeffs = self._coefficients(lay.zero, lay.recompute, lay.sequence_parallel, unsharded)
         for k, (weights, grads, optim, static, act, edge) in enumerate(coeffs):
             st = StageNumbers(index=k, layers=len(self.sg.sigs[k].ids), params=self.params[k],
                               static_bytes=static[0] + mb * static[1], act_bytes=mb * act,
@@ -129,18 +146,21 @@ class Group:
         peak, stage = self.peak(lay.zero, lay.recompute, lay.sequence_parallel)
         return out, peak, stage
 
-    def _coefficients(self, zero: int, mode: str, sp: bool) -> list[tuple]:
+    def _coefficients(self, zero: int, mode: str, sp: bool, unsharded: bool = False
+                      ) -> list[tuple]:
         """Per signature: (weights, grads, optimizer, (fixed, per-sample) static bytes,
         activation bytes per in-flight micro-batch per sample, output-layer bytes per sample).
         Activations, logits and the re-materialised layer are exactly linear in the
         micro-batch size, so a peak at any size is arithmetic on these."""
-        key = (zero, mode, sp)
+        key = (zero, mode, sp, unsharded)
         found = self._coeffs.get(key)
         if found is not None:
             return found
         est, lay, sg = self.est, self.base, self.sg
-        (w_d, g_d, o_d), (w_e, g_e, o_e) = (bytes_per_param(zero, self.shards),
-                                            bytes_per_param(zero, self.expert_shards))
+        gb = lay.rt.grad_bytes
+        (w_d, g_d, o_d), (w_e, g_e, o_e) = (
+            bytes_per_param(zero, self.shards, gb, unsharded),
+            bytes_per_param(zero, self.expert_shards, gb, unsharded))
         dense = est.layer_act(lay, False, sp, 1)  # (none, selective, full) bytes at mb = 1
         moe = est.layer_act(lay, True, sp, 1) if est.model.is_moe else dense
         pick = _MODE_INDEX[mode]
@@ -148,12 +168,12 @@ class Group:
         tokens = lay.seq_len / lay.cp  # per sample
         tokens_sp = tokens / t if sp else tokens
         reserved = self.dev.curve.reserved_gib * 2**30
-        grad_bytes = est.options.grad_bytes_for(lay.precision)
+        grad_bytes = lay.rt.grad_bytes
         found = []
         for k, sig in enumerate(sg.sigs):
             params = self.params[k]
             act = (len(sig.ids) - sig.n_moe) * dense[pick] + sig.n_moe * moe[pick]
-            if sig.first and est.dropout:  # embedding dropout mask
+            if sig.first and lay.rt.dropout:  # embedding dropout mask
                 act += tokens_sp * h
             edge = 0.0
             if sig.last:  # final norm and output-layer inputs, fp32 logits for the loss
@@ -213,11 +233,21 @@ class Group:
             dense.ep_fwd_s + dense.ep_bwd_s
         e = moe.fwd_compute_s + moe.bwd_compute_s + moe.tp_fwd_s + moe.tp_bwd_s + \
             moe.ep_fwd_s + moe.ep_bwd_s
-        periods = [(len(sig.ids) - sig.n_moe) * d + sig.n_moe * e + sum(self.edges(sp, k))
-                   for k, sig in enumerate(self.sg.sigs)]
-        busy = sum(n * t for n, t in zip(self.sg.count, periods))
-        bubble = (busy - max(periods)) / self.base.vp
-        return bubble * ZB_BUBBLE if self.base.schedule == "zero_bubble" else bubble
+        periods, wgrads = self._rank_periods(d, e, dense.wgrad_s, moe.wgrad_s, sp)
+        return pipeline_bubble(self.base.schedule, periods, wgrads, self.base.vp)
+
+    def _rank_periods(self, d: float, e: float, wd: float, we: float, sp: bool
+                      ) -> tuple[list[float], list[float]]:
+        """Per pipeline rank: (period, weight-gradient seconds) from per-layer dense/MoE
+        periods ``d``/``e`` and weight-gradient times ``wd``/``we``, with the edge stages'
+        embedding and output layer."""
+        periods, wgrads = [], []
+        for k in self.sg.of_stage:
+            sig = self.sg.sigs[k]
+            n_d = len(sig.ids) - sig.n_moe
+            periods.append(n_d * d + sig.n_moe * e + sum(self.edges(sp, k)))
+            wgrads.append(n_d * wd + sig.n_moe * we)
+        return periods, wgrads
 
     def per_sample_bound(self, sp: bool, recompute: str = "none") -> float:
         """Seconds per sequence (per data-parallel replica) that no smaller micro-batch of this
@@ -277,10 +307,13 @@ class Group:
             opt = params.dense / shards + params.expert / expert_shards
             opt_max = max(opt_max, dev.memory_s(OPT_BYTES_PER_PARAM * opt), 4 * dev.host_s)
         m, p, v = lay.num_micro_batches, lay.pp, lay.vp
-        bubble = (busy - crit) / v if p > 1 else 0.0
         if lay.schedule == "zero_bubble":
-            bubble *= ZB_BUBBLE
-        pp_comm = 2 * self.p2p * (m * v + p - 2) if p > 1 else 0.0
+            periods, wgrads = self._rank_periods(d_period, m_period, dense.wgrad_s,
+                                                 moe.wgrad_s, sp)
+            bubble = pipeline_bubble(lay.schedule, periods, wgrads, v)
+        else:
+            bubble = (busy - crit) / v if p > 1 else 0.0
+        pp_comm = pp_transfer_s(self.p2p, m, p, v)
         return m * crit + bubble + pp_comm + opt_max
 
     def fill(self, lay: Layout, stages: list[StageNumbers]) -> None:
@@ -303,11 +336,10 @@ class Group:
         sg = self.sg
         m, p, v = lay.num_micro_batches, lay.pp, lay.vp
         crit = max(stages, key=lambda s: s.period_s)
-        busy = sum(n * st.period_s for n, st in zip(sg.count, stages))
-        bubble = (busy - crit.period_s) / v if p > 1 else 0.0
-        if lay.schedule == "zero_bubble":
-            bubble *= ZB_BUBBLE
-        pp_comm = 2 * self.p2p * (m * v + p - 2) if p > 1 else 0.0
+        ranks = [stages[k] for k in sg.of_stage]
+        bubble = pipeline_bubble(lay.schedule, [st.period_s for st in ranks],
+                                 [st.wgrad_s for st in ranks], v)
+        pp_comm = pp_transfer_s(self.p2p, m, p, v)
         # Stage i finishes its last backward sum_{j<i} B_j / v before stage 0 does and starts
         # its first forward sum_{j<i} F_j / v after it: slack that hides data-parallel traffic.
         # Identical ranks expose the most at their first occurrence.

@@ -22,7 +22,11 @@ _DATA = "efficiency.yaml"
 _KEYS = {"gemm_efficiency", "flash_attention_efficiency", "hbm_efficiency",
          "host_us_per_kernel", "host_us_per_collective", "overlap_slowdown", "reserved_gib"}
 # Optional keys and their defaults (files written before they existed stay valid).
-_OPTIONAL = {"collective_library": "nccl", "host_us_per_sharded_op": 0.0}
+_OPTIONAL = {"collective_library": "nccl", "host_us_per_sharded_op": 0.0,
+             "fused_attention_efficiency": None, "stack_host_us_per_kernel": None}
+# FlashAttention v1 runs at half FlashAttention-2's throughput (Dao 2023, "FlashAttention-2":
+# "2x faster than FlashAttention", forward + backward).
+FLASH1_SHARE = 0.5
 _LIBRARIES = ("nccl", "rccl", "hccl", "gloo")
 
 
@@ -40,6 +44,13 @@ class EfficiencyCurve:
     reserved_gib: float
     collective_library: str = "nccl"  # the device family's usual library (its algorithms)
     host_us_per_sharded_op: float = 0.0  # extra host time per op on a TP-sharded (DTensor) tensor
+    # Transformer Engine / cuDNN fused attention relative to a GEMM of the same FLOPs (None:
+    # flash_attention_efficiency, the FlashAttention-2 figure).
+    fused_attention_efficiency: float | None = None
+    # Host time per kernel of a particular stack where it was measured (calibrated), e.g. the
+    # Python-heavy 2022 Megatron-DeepSpeed: {"megatron-legacy": 63.2}; other stacks use
+    # host_us_per_kernel.
+    stack_host_us_per_kernel: tuple[tuple[str, float], ...] = ()
     _xs: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _ys: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
@@ -97,7 +108,23 @@ class EfficiencyCurve:
                     host_us_per_collective=self.host_us_per_collective,
                     overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib,
                     collective_library=self.collective_library,
-                    host_us_per_sharded_op=self.host_us_per_sharded_op)
+                    host_us_per_sharded_op=self.host_us_per_sharded_op,
+                    **({"fused_attention_efficiency": self.fused_attention_efficiency}
+                       if self.fused_attention_efficiency is not None else {}),
+                    **({"stack_host_us_per_kernel": dict(self.stack_host_us_per_kernel)}
+                       if self.stack_host_us_per_kernel else {}))
+
+    def host_us_for(self, stack: str) -> float:
+        """Host time per kernel of ``stack`` (its own measured value, else the device's)."""
+        return dict(self.stack_host_us_per_kernel).get(stack, self.host_us_per_kernel)
+
+    def attention_efficiency(self, kernel: str) -> float:
+        """The attention kernel's efficiency relative to a GEMM of the same FLOPs."""
+        if kernel == "fused" and self.fused_attention_efficiency is not None:
+            return self.fused_attention_efficiency
+        if kernel == "flash1":
+            return FLASH1_SHARE * self.flash_attention_efficiency
+        return self.flash_attention_efficiency
 
     def replace(self, **changes: Any) -> EfficiencyCurve:
         data = dict(name=self.name, gemm_points=self.gemm_points,
@@ -106,7 +133,9 @@ class EfficiencyCurve:
                     host_us_per_collective=self.host_us_per_collective,
                     overlap_slowdown=self.overlap_slowdown, reserved_gib=self.reserved_gib,
                     collective_library=self.collective_library,
-                    host_us_per_sharded_op=self.host_us_per_sharded_op)
+                    host_us_per_sharded_op=self.host_us_per_sharded_op,
+                    fused_attention_efficiency=self.fused_attention_efficiency,
+                    stack_host_us_per_kernel=self.stack_host_us_per_kernel)
         data.update(changes)
         return EfficiencyCurve(**data)
 
@@ -131,6 +160,11 @@ def curve_from_dict(name: str, data: dict[str, Any]) -> EfficiencyCurve:
         collective_library=str(data.get("collective_library", _OPTIONAL["collective_library"])),
         host_us_per_sharded_op=float(data.get("host_us_per_sharded_op",
                                               _OPTIONAL["host_us_per_sharded_op"])),
+        fused_attention_efficiency=(float(data["fused_attention_efficiency"])
+                                    if data.get("fused_attention_efficiency") is not None
+                                    else None),
+        stack_host_us_per_kernel=tuple(sorted(
+            (str(k), float(v)) for k, v in (data.get("stack_host_us_per_kernel") or {}).items())),
     )
 
 
@@ -148,25 +182,70 @@ def load_curves(path: str | Path | None = None) -> dict[str, EfficiencyCurve]:
     return {name: curve_from_dict(name, entry) for name, entry in data.items()}
 
 
+# The roofline default for a device without efficiency data (docs/cost_model.md, "Devices"):
+# the best large-GEMM share typical of tensor-core accelerators (A100 0.87, H100 0.81 in short
+# bursts, B200 0.74: their mean), a kernel floor of a few microseconds, and the rest of the
+# data at typical values.
+ROOFLINE_CEILING = 0.80
+ROOFLINE_KERNEL_FLOOR_S = 5e-6
+ROOFLINE_HBM_EFFICIENCY = 0.8
+
+
+def roofline_curve(name: str, peak_tflops: float, hbm_gbytes_per_s: float) -> EfficiencyCurve:
+    """Efficiency data derived from a device's own peak and HBM bandwidth: a square 16-bit
+    GEMM of F FLOPs (n = (F/2)^(1/3)) moves 6 n^2 bytes, so its arithmetic intensity is n/3
+    FLOPs per byte; its efficiency is ``ceiling x min(1, intensity x HBM / peak, F / (peak x
+    floor))`` at 10^7 .. 10^13 FLOPs, kept non-decreasing."""
+    peak, hbm = peak_tflops * 1e12, hbm_gbytes_per_s * 1e9 * ROOFLINE_HBM_EFFICIENCY
+    points, last = [], 0.0
+    for tenth in range(70, 131, 5):
+        flops = 10 ** (tenth / 10)
+        n = (flops / 2) ** (1 / 3)
+        eff = ROOFLINE_CEILING * min(1.0, n / 3 * hbm / peak,
+                                     flops / (peak * ROOFLINE_KERNEL_FLOOR_S))
+        last = max(last, min(max(eff, 1e-4), 1.0))
+        points.append((tenth / 10, round(last, 5)))
+    return EfficiencyCurve(name=name, gemm_points=tuple(points), flash_attention_efficiency=0.5,
+                           hbm_efficiency=ROOFLINE_HBM_EFFICIENCY, host_us_per_kernel=10.0,
+                           host_us_per_collective=20.0, overlap_slowdown=1.15,
+                           reserved_gib=2.5)
+
+
+def is_roofline(cluster: ClusterSpec) -> bool:
+    """Whether the cluster's device has no efficiency data and gets the roofline default."""
+    device = cluster.device
+    return device.efficiency_curve is None and device.name not in _bundled()
+
+
 def curve_for(cluster: ClusterSpec) -> EfficiencyCurve:
-    """The bundled curve named by the cluster's device (``efficiency_curve``, else its name)."""
+    """The bundled curve named by the cluster's device (``efficiency_curve``, else its name);
+    a device that names none and has no data of its own name gets ``roofline_curve``."""
     device = cluster.device
     key = device.efficiency_curve or device.name
     curves = _bundled()
-    if key not in curves:
-        raise SpecError("cluster.device.efficiency_curve", key,
-                        f"no efficiency data; valid: {', '.join(curves)}")
-    return curves[key]
+    if key in curves:
+        return curves[key]
+    if device.efficiency_curve is None:
+        return roofline_curve(device.name, device.peak_flops("bf16") / 1e12,
+                              device.hbm_gbytes_per_s)
+    raise SpecError("cluster.device.efficiency_curve", key,
+                    f"no efficiency data; valid: {', '.join(curves)}, or leave it unset for "
+                    "a roofline default from the device's peak and HBM bandwidth")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Device:
     """A device as the cost model sees it: peak for the plan's dtype, HBM, efficiency data."""
 
-    peak_flops: float  # dense FLOP/s for the plan's precision
+    peak_flops: float  # dense FLOP/s for the plan's precision (at the clock a power cap allows)
     hbm_bytes_per_s: float  # achieved (nominal * hbm_efficiency)
     hbm_bytes: float
     curve: EfficiencyCurve
+    rated_flops: float = 0.0  # the datasheet peak (what MFU is quoted against); 0: peak_flops
+
+    @property
+    def nominal_flops(self) -> float:
+        return self.rated_flops or self.peak_flops
 
     @property
     def host_s(self) -> float:
@@ -194,11 +273,12 @@ class Device:
         traffic = 2.0 * (m * k + k * n + m * n) * batch / self.hbm_bytes_per_s
         return compute if compute > traffic else traffic
 
-    def attention_s(self, flops: float) -> float:
-        """Seconds for a fused (flash) attention kernel doing ``flops`` FLOPs."""
+    def attention_s(self, flops: float, kernel: str = "flash2") -> float:
+        """Seconds for a fused attention kernel (``kernel``: flash1, flash2 or fused) doing
+        ``flops`` FLOPs."""
         if flops <= 0:
             return 0.0
-        eff = self.curve.gemm_efficiency(flops) * self.curve.flash_attention_efficiency
+        eff = self.curve.gemm_efficiency(flops) * self.curve.attention_efficiency(kernel)
         return flops / (self.peak_flops * eff)
 
     def memory_s(self, num_bytes: float) -> float:
@@ -212,7 +292,8 @@ def device_model(cluster: ClusterSpec, precision: str,
     spec = cluster.device
     curve = curve or curve_for(cluster)
     return Device(
-        peak_flops=spec.peak_flops(precision),
+        peak_flops=spec.peak_flops(precision) * spec.clock_factor,
+        rated_flops=spec.peak_flops(precision),
         hbm_bytes_per_s=spec.hbm_gbytes_per_s * 1e9 * curve.hbm_efficiency,
         hbm_bytes=spec.hbm_gib * 2**30,
         curve=curve,

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainpilot.perf.hardware import Device
+from trainpilot.perf.runtime import Runtime
 from trainpilot.perf.topology import GroupSpan, Network
 from trainpilot.specs import ModelSpec
 
@@ -53,6 +54,16 @@ class LayerSetup:
     dropout: bool
     ep_imbalance: float = 1.0
     gemm_input_bytes: float = ACT_BYTES  # bytes per saved GEMM input element (1 under fp8)
+    etp: int = 0  # expert tensor parallel size (0: tp)
+    rt: Runtime = Runtime()
+    # Keys a query attends to, averaged over the model's layers, over the causal half of the
+    # sequence (1.0 without sliding windows): scales the attention core.
+    window_factor: float = 1.0
+    num_micro_batches: int = 1  # in flight per stage: >= 2 lets EP overlap pair micro-batches
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +89,7 @@ class LayerCost:
     act_selective_bytes: float  # without the attention scores
     act_input_bytes: float  # the layer input only (full recompute)
     num_kernels: int
+    wgrad_s: float = 0.0  # weight-gradient GEMMs inside bwd_compute_s (zero-bubble's W)
 
     def act_bytes(self, recompute: str) -> float:
         """Bytes kept per in-flight micro-batch under ``recompute``."""
@@ -110,12 +122,31 @@ class _Ops:
         self.host_s = host_s
         self.total = 0.0
         self.kernels = 0
+        self.gemm = 0.0  # GEMM seconds (what TP overlap hides collectives behind)
+        self.wgrad = 0.0  # weight-gradient GEMM seconds (backward only)
 
     def add(self, gpu_s: float, kernels: int = 1) -> float:
         t = max(gpu_s, kernels * self.host_s)
         self.total += t
         self.kernels += kernels
         return t
+
+    def add_gemm(self, gpu_s: float, *, backward: bool = False) -> float:
+        """A GEMM (forward) or its data- and weight-gradient GEMMs (``backward``: two
+        kernels of ``gpu_s`` each)."""
+        t = self.add(2 * gpu_s, 2) if backward else self.add(gpu_s)
+        self.gemm += t
+        if backward:
+            self.wgrad += t / 2
+        return t
+
+    def add_elementwise(self, gpu_s: float, kind: str, rt: Runtime, backward: bool = False
+                        ) -> float:
+        """A norm / activation / RoPE kernel: fused, one kernel moving its bytes once;
+        unfused (eager PyTorch), the chain of kernels the framework issues, moving
+        ``rt.traffic(kind)`` times the bytes (``perf/runtime.py``)."""
+        kernels = rt.kernels(kind) * (2 if backward else 1)
+        return self.add(gpu_s * rt.traffic(kind), kernels)
 
 
 def _attention_gemms(model: ModelSpec, tp: int) -> list[tuple[float, float]]:
@@ -146,7 +177,9 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
                net: Network, spans: dict[str, GroupSpan]) -> LayerCost:
     """Cost of one decoder layer (dense or MoE) for ``setup`` on ``dev``/``net``, with the
     numbers every recompute mode needs."""
-    st = setup
+    from trainpilot.perf.mlp import mlp_cost
+
+    st, rt = setup, setup.rt
     t, b = st.tp, st.micro_batch_size
     s_loc = st.seq_len / st.cp
     m = b * s_loc  # token rows on this rank
@@ -159,28 +192,29 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     fwd, bwd = _Ops(host), _Ops(host)
 
     # Attention projections.
-    proj_fwd = proj_bwd = 0.0
     for n, k in _attention_gemms(model, t):
-        proj_fwd += fwd.add(dev.gemm_s(m, n, k))
-        proj_bwd += bwd.add(2 * dev.gemm_s(m, n, k), 2)
+        fwd.add_gemm(dev.gemm_s(m, n, k))
+        bwd.add_gemm(dev.gemm_s(m, n, k), backward=True)
 
-    # Attention core.
+    # Attention core (sliding windows: fewer keys per query, ``window_factor``).
     core = _Ops(host)
     if st.flash_attention:
-        flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL
-        core.add(dev.attention_s(flops))
-        bwd.add(dev.attention_s(FLASH_BWD * flops))
+        flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL * st.window_factor
+        core.add(dev.attention_s(flops, rt.attention_kernel))
+        bwd.add(dev.attention_s(FLASH_BWD * flops, rt.attention_kernel))
     else:
         batch = b * a_t
-        scores = batch * s_loc * st.seq_len
-        core.add(dev.gemm_s(s_loc, st.seq_len, qk, batch=batch))  # QK^T
+        keys = st.seq_len * min(1.0, st.window_factor * 2) if st.window_factor < 1 \
+            else st.seq_len
+        scores = batch * s_loc * keys
+        core.add(dev.gemm_s(s_loc, keys, qk, batch=batch))  # QK^T
         core.add(dev.memory_s(2 * ACT_BYTES * scores))  # fused scale-mask-softmax
         if st.dropout:
             core.add(dev.memory_s((2 * ACT_BYTES + 1) * scores))
-        core.add(dev.gemm_s(s_loc, vd, st.seq_len, batch=batch))  # AV
+        core.add(dev.gemm_s(s_loc, vd, keys, batch=batch))  # AV
         core.add(dev.memory_s(2 * ACT_BYTES * m * a_t * vd))  # context permute to [s, b, h]
-        bwd.add(2 * dev.gemm_s(s_loc, st.seq_len, qk, batch=batch), 2)
-        bwd.add(2 * dev.gemm_s(s_loc, vd, st.seq_len, batch=batch), 2)
+        bwd.add(2 * dev.gemm_s(s_loc, keys, qk, batch=batch), 2)
+        bwd.add(2 * dev.gemm_s(s_loc, vd, keys, batch=batch), 2)
         bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * scores) * (2.25 if st.dropout else 1), 2)
         bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * m * a_t * vd))
     fwd.total += core.total
@@ -189,20 +223,24 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     # Memory-bound kernels around the GEMMs: 2 norms, 2 residual adds (+dropout), RoPE.
     norm = ACT_BYTES * 2 * m_sp * h
     resid = (ACT_BYTES * 3 + (1 if st.dropout else 0)) * m_sp * h
-    for num_bytes in (norm, norm, resid, resid):
-        fwd.add(dev.memory_s(num_bytes))
-        bwd.add(BWD_MEM * dev.memory_s(num_bytes))
+    for _ in range(2):
+        fwd.add_elementwise(dev.memory_s(norm), model.norm, rt)
+        bwd.add_elementwise(BWD_MEM * dev.memory_s(norm), model.norm, rt, backward=True)
+        fwd.add(dev.memory_s(resid))
+        bwd.add(BWD_MEM * dev.memory_s(resid))
     if model.position_embedding == "rope":
         rope = ACT_BYTES * 2 * m * (a_t + kv_t) * (qk if model.mla is None else
                                                     model.mla.qk_rope_head_dim)
-        fwd.add(dev.memory_s(rope))
-        bwd.add(BWD_MEM * dev.memory_s(rope))
+        fwd.add_elementwise(dev.memory_s(rope), "rope", rt)
+        bwd.add_elementwise(BWD_MEM * dev.memory_s(rope), "rope", rt, backward=True)
 
-    # Feed-forward block.
-    mlp = _mlp(model, moe_layer, st, dev, net, spans, m, fwd, bwd)
+    # Feed-forward block (dense MLP, or router, experts and their communication).
+    mlp = mlp_cost(model, moe_layer, st, dev, net, spans, m, fwd, bwd)
 
     # Tensor-parallel collectives: 2 per block pass (all-reduce, or all-gather + reduce-scatter
-    # under sequence parallelism), the same in the backward.
+    # under sequence parallelism), the same in the backward. With TP overlap (Megatron's
+    # --tp-comm-overlap) each is pipelined with its GEMM in tp chunks: only what the GEMMs
+    # cannot cover, and at least the first chunk, is exposed, and the covered GEMMs slow down.
     tp_fwd = tp_bwd = 0.0
     if t > 1:
         msg = ACT_BYTES * m * h
@@ -215,6 +253,9 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
             kernels = 1
         one = max(one, kernels * dev.host_coll_s)
         tp_fwd = tp_bwd = 2 * one
+        if rt.tp_overlap:
+            tp_fwd = _overlapped(tp_fwd, fwd.gemm, t, dev.curve.overlap_slowdown)
+            tp_bwd = _overlapped(tp_bwd, bwd.gemm - bwd.wgrad, t, dev.curve.overlap_slowdown)
     tp_fwd += mlp.tp_fwd_s
     tp_bwd += mlp.tp_fwd_s
 
@@ -226,61 +267,32 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
         cp_fwd = (st.cp - 1) * max(0.0, step - chunk)
         cp_bwd = (st.cp - 1) * max(0.0, 2 * step - FLASH_BWD * chunk)  # K, V and dK, dV
 
+    # Expert all-to-alls, overlapped with the other micro-batch's compute when the runtime
+    # pairs micro-batches (Megatron's --overlap-moe-expert-parallel-comm, DualPipe).
+    ep_fwd = ep_bwd = mlp.ep_fwd_s
+    if rt.ep_overlap and mlp.ep_fwd_s and st.num_micro_batches >= 2:
+        both = _overlapped(2 * mlp.ep_fwd_s, fwd.total + bwd.total, 1,
+                           dev.curve.overlap_slowdown)
+        ep_fwd = ep_bwd = both / 2
+
     act_none, act_sel, act_input = _activation_bytes(model, moe_layer, st, m, m_sp, s_loc)
     return LayerCost(
         fwd_compute_s=fwd.total, bwd_compute_s=bwd.total, attn_core_s=core.total,
-        tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=mlp.ep_fwd_s, ep_bwd_s=mlp.ep_fwd_s,
+        tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, act_none_bytes=act_none,
         act_selective_bytes=act_sel, act_input_bytes=act_input,
-        num_kernels=fwd.kernels + bwd.kernels,
+        num_kernels=fwd.kernels + bwd.kernels, wgrad_s=bwd.wgrad,
     )
 
 
-@dataclass(frozen=True)
-class _MlpComm:
-    tp_fwd_s: float  # expert-TP gathers (MoE with tp > 1), per forward
-    ep_fwd_s: float  # dispatch + combine all-to-all, per forward
-
-
-def _mlp(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net: Network,
-         spans: dict[str, GroupSpan], m: float, fwd: _Ops, bwd: _Ops) -> _MlpComm:
-    h, t = model.hidden_size, st.tp
-    gate = 2 if model.activation == "swiglu" else 1
-    act_bytes_per = ACT_BYTES * (3 if gate == 2 else 2)  # read (2 inputs if gated), write
-
-    def dense(rows: float, width: float, experts: float = 1.0) -> None:
-        fwd.add(experts * dev.gemm_s(rows, gate * width / t, h))
-        fwd.add(experts * dev.memory_s(act_bytes_per * rows * width / t))
-        fwd.add(experts * dev.gemm_s(rows, h, width / t))
-        bwd.add(2 * experts * dev.gemm_s(rows, gate * width / t, h), 2)
-        bwd.add(BWD_MEM * experts * dev.memory_s(act_bytes_per * rows * width / t))
-        bwd.add(2 * experts * dev.gemm_s(rows, h, width / t), 2)
-
-    if not moe_layer:
-        dense(m, int(model.intermediate_size))
-        return _MlpComm(0.0, 0.0)
-    moe = model.moe
-    assert moe is not None
-    m_route = m / t  # Megatron routes sequence-parallel shards when tp > 1
-    pairs = m * moe.top_k * st.ep_imbalance  # token copies this TP group's experts receive
-    fwd.add(dev.gemm_s(m_route, moe.num_experts, h))  # router
-    fwd.add(dev.memory_s(3 * 4 * m_route * moe.num_experts))  # softmax + top-k in fp32
-    permute = 2 * ACT_BYTES * 2 * (pairs / t) * h  # gather into expert order and back
-    fwd.add(dev.memory_s(permute), 2)
-    bwd.add(BWD_MEM * dev.memory_s(permute), 2)
-    local = moe.num_experts / st.ep
-    dense(pairs / local, moe.expert_intermediate_size, experts=local)
-    if moe.num_shared_experts:
-        dense(m, moe.shared_width)
-    coll = dev.host_coll_s
-    a2a = 2 * max(net.all_to_all_s(spans["ep"], ACT_BYTES * m_route * moe.top_k * h
-                                   * st.ep_imbalance), coll) if st.ep > 1 else 0.0
-    tp_gather = 0.0
-    if t > 1:  # expert tensor parallelism: gather routed tokens over TP, scatter results back
-        msg = ACT_BYTES * pairs * h
-        tp_gather = max(net.all_gather_s(spans["tp"], msg), coll) + \
-            max(net.reduce_scatter_s(spans["tp"], msg), coll)
-    return _MlpComm(tp_gather, a2a)
+def _overlapped(comm: float, window: float, chunks: int, slowdown: float) -> float:
+    """Seconds of ``comm`` left on the critical path when it runs beside ``window`` seconds of
+    independent compute split into ``chunks`` pieces (the first piece cannot overlap), plus
+    the slowdown of the compute it overlaps (SM and HBM contention)."""
+    if comm <= 0:
+        return 0.0
+    hidden = min(comm * (1 - 1 / chunks) if chunks > 1 else comm, window)
+    return comm - hidden + (slowdown - 1.0) * hidden
 
 
 def activation_bytes(model: ModelSpec, moe_layer: bool, setup: LayerSetup
@@ -310,9 +322,9 @@ def _activation_bytes(model: ModelSpec, moe_layer: bool, st: LayerSetup, m: floa
     if moe_layer:
         moe = model.moe
         assert moe is not None
-        pairs = m * moe.top_k
+        pairs = st.expert_tp * (m / t if t > 1 else m) * moe.top_k  # this rank's copies
         sharded += g * pairs * h  # permuted expert inputs
-        sharded += pairs * moe.expert_intermediate_size * per_width / t
+        sharded += pairs * moe.expert_intermediate_size * per_width / st.expert_tp
         if moe.num_shared_experts:
             sharded += m * moe.shared_width * per_width / t
     else:

@@ -4,13 +4,14 @@ parameter, in-flight micro-batches of each pipeline schedule.
 Bytes per parameter (weights, gradients, optimizer), mixed-precision Adam, ``d`` = ranks the
 state is sharded over (dp x cp; dp x cp / ep for expert parameters):
 
-* zero 0, Megatron without a distributed optimizer: 2 + 4 + 12 = 18 (fp32 main gradients,
-  fp32 master weights and two Adam moments);
-* zero 1, Megatron's distributed optimizer: 2 + 4 + 12/d = 6 + 12/d;
-* zero 2 (ZeRO paper): 2 + (2 + 12)/d;
-* zero 3 / FSDP (ZeRO paper): 16/d, plus the gathered-layer buffer (one layer's full 16-bit
-  weights in use, the next one prefetched, its 16-bit gradients and their copy in the reduce
-  dtype - fp32 by default for bf16 - being reduce-scattered).
+* zero 0, Megatron without a distributed optimizer: 2 + g + 12 (g = gradient bytes, 4 for
+  fp32 main gradients; fp32 master weights and two Adam moments);
+* zero 1, Megatron's distributed optimizer: 2 + g + 12/d;
+* zero 2: 2 + (g + 12)/d, or 2 + g + 12/d when the runtime accumulates gradients unsharded
+  over several micro-batches (gradient sync once per step: Megatron, FSDP2's sync flag);
+* zero 3 / FSDP: (2 + g + 12)/d (g unsharded likewise), plus the gathered-layer buffer (one
+  layer's full 16-bit weights in use, the next one prefetched, its 16-bit gradients and
+  their copy in the reduce dtype being reduce-scattered).
 """
 
 from __future__ import annotations
@@ -23,17 +24,20 @@ from trainpilot.specs import ModelSpec
 GIB = 2.0**30
 
 
-def bytes_per_param(zero: int, shards: int) -> tuple[float, float, float]:
+def bytes_per_param(zero: int, shards: int, grad_bytes: int = 4,
+                    unsharded_grads: bool = False) -> tuple[float, float, float]:
     """(weights, gradients, optimizer) bytes per parameter for ZeRO stage ``zero`` over
-    ``shards`` ranks."""
+    ``shards`` ranks. Gradients are held in the reduction dtype (``grad_bytes``: Megatron's
+    fp32 main gradients, FSDP's reduce dtype); sharded from zero 2 on, unless the runtime
+    accumulates them unsharded over micro-batches (``unsharded_grads``: gradient sync once
+    per step). With one shard every stage holds the same (18 bytes with fp32 gradients)."""
     d = float(max(shards, 1))
+    grads = grad_bytes if zero < 2 or unsharded_grads else grad_bytes / d
     if zero == 0:
-        return 2.0, 4.0, 12.0
-    if zero == 1:
-        return 2.0, 4.0, 12.0 / d
-    if zero == 2:
-        return 2.0, 2.0 / d, 12.0 / d
-    return 2.0 / d, 2.0 / d, 12.0 / d
+        return 2.0, grads, 12.0
+    if zero in (1, 2):
+        return 2.0, grads, 12.0 / d
+    return 2.0 / d, grads, 12.0 / d
 
 
 @dataclass(frozen=True)

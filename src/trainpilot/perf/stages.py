@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from trainpilot.perf.layer import LayerCost
 from trainpilot.perf.memory import RankParams
+from trainpilot.perf.runtime import Runtime, resolve
 from trainpilot.perf.topology import GroupSpan
 from trainpilot.specs import ModelSpec, Plan, stage_layers
 
 OPT_BYTES_PER_PARAM = 34.0  # Adam: read master, grad, m, v; write master, m, v, 16-bit copy; norm
-ZB_BUBBLE = 1.0 / 3.0
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "pp_bubble", "dp_comm_exposed",
                   "ep_comm", "cp_comm", "optimizer")
 
@@ -39,6 +39,10 @@ class Layout:
     overlap: bool = True
     hierarchical: bool = False
     bucket_mb: float = 25.0
+    etp: int | None = None  # expert tensor parallel size under MoE parallel folding
+    rank_order: str = "tp-cp-ep-pp-dp"
+    algorithm: str = "auto"  # NCCL algorithm choice (comm.algorithm)
+    rt: Runtime = Runtime()
 
     @property
     def num_micro_batches(self) -> int:
@@ -49,8 +53,9 @@ class Layout:
         return self.tp * self.pp * self.dp * self.cp
 
 
-def layout_of(model: ModelSpec, plan: Plan) -> Layout:
-    """A plan's Layout (raises SpecError when its layers cannot be split over the stages)."""
+def layout_of(model: ModelSpec, plan: Plan, options=None) -> Layout:
+    """A plan's Layout (raises SpecError when its layers cannot be split over the stages);
+    ``options`` (CostOptions) override what the documents say about the runtime."""
     return Layout(
         tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, cp=plan.cp, vp=plan.vp, zero=plan.zero,
         micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,
@@ -58,7 +63,8 @@ def layout_of(model: ModelSpec, plan: Plan) -> Layout:
         precision=plan.precision, schedule=str(plan.pp_schedule),
         stage_layers=tuple(stage_layers(model, plan)), dp_shard=plan.dp_shard,
         overlap=plan.comm.overlap, hierarchical=plan.comm.hierarchical,
-        bucket_mb=plan.comm.bucket_mb,
+        bucket_mb=plan.comm.bucket_mb, etp=plan.etp, rank_order=plan.rank_order,
+        algorithm=plan.comm.algorithm, rt=resolve(model, plan, options),
     )
 
 
@@ -95,6 +101,7 @@ class StageNumbers:
     params: RankParams
     fwd_s: float = 0.0
     bwd_s: float = 0.0  # includes recompute
+    wgrad_s: float = 0.0  # weight-gradient GEMMs inside bwd_s (zero-bubble's deferrable W)
     fsdp_fwd_s: float = 0.0  # per micro-batch, ZeRO-3 gathers not hidden by the forward
     fsdp_bwd_s: float = 0.0  # per micro-batch, ZeRO-2/3 traffic not hidden by the backward
     compute_s: float = 0.0
@@ -147,11 +154,30 @@ def _add_layers(st: StageNumbers, layer: LayerCost, count: int, mode: str) -> No
     rc, rt, re = layer.recompute_s(mode)
     st.fwd_s += count * layer.fwd_s
     st.bwd_s += count * layer.bwd_s(mode)
+    st.wgrad_s += count * layer.wgrad_s
     st.compute_s += count * (layer.fwd_compute_s + layer.bwd_compute_s)
     st.recompute_s += count * rc
     st.tp_s += count * (layer.tp_fwd_s + layer.tp_bwd_s + rt)
     st.ep_s += count * (layer.ep_fwd_s + layer.ep_bwd_s + re)
     st.cp_s += count * (layer.cp_fwd_s + layer.cp_bwd_s)
+
+
+def pipeline_bubble(schedule: str, periods: list[float], wgrads: list[float], vp: int) -> float:
+    """Seconds the pipeline idles per step, given each pipeline rank's forward + backward
+    time per micro-batch (``periods``) and the weight-gradient part of its backward
+    (``wgrads``): ``(sum_i t_i - t_c) / v`` for 1F1B, interleaved and GPipe (Narayanan's
+    ``(p - 1) / (v m)`` for uniform stages), and for zero-bubble (ZB-H1: each backward split
+    into input-gradient B and weight-gradient W, W deferred into the bubble) the same with each
+    stage's W taken out, ``sum_i (t_i - w_i) - (t_c - w_c)``: on uniform stages
+    ``(p - 1)(F + B - W)``, exactly what ``sim/timeline.py``'s zero-bubble schedule produces
+    (tests/perf/test_issue14.py compares them). One rank: no bubble."""
+    if len(periods) <= 1:
+        return 0.0
+    if schedule == "zero_bubble":
+        net = [t - w for t, w in zip(periods, wgrads)]
+        crit = max(range(len(periods)), key=lambda i: periods[i])
+        return sum(net) - net[crit]
+    return (sum(periods) - max(periods)) / vp
 
 
 def _add_edges(st: StageNumbers, edges: tuple[float, float, float, float]) -> None:

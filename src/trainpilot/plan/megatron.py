@@ -261,9 +261,9 @@ def _moe_args(out: MegatronExport, model: ModelSpec) -> None:
         add("--moe-router-pre-softmax")  # softmax over all experts, top-k not renormalised
     if moe.router_expert_bias:
         add("--moe-router-enable-expert-bias")
-    if moe.router_num_groups is not None:
-        add("--moe-router-num-groups", moe.router_num_groups)
-        add("--moe-router-group-topk", moe.router_group_topk)
+    if moe.num_expert_groups > 1 and moe.topk_groups is not None:
+        add("--moe-router-num-groups", moe.num_expert_groups)
+        add("--moe-router-group-topk", moe.topk_groups)
     if moe.router_scaling_factor is not None:
         add("--moe-router-topk-scaling-factor", f"{moe.router_scaling_factor:g}")
     # DeepSeek-V3 pairs its bias balancing with a sequence-wise auxiliary loss (report §2.1.2).

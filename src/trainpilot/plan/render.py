@@ -23,8 +23,8 @@ def summary_table(pred: Prediction, title: str = "prediction") -> Table:
     rows = [("layout", describe(pred.plan)),
             ("step time", f"{pred.step_time_s:.3f} s ({pred.num_micro_batches} micro-batches)"),
             ("tokens / s", f"{pred.tokens_per_s:,.0f}"),
-            ("model TFLOP/s per device", f"{pred.tflops_per_device:.1f}"),
-            ("MFU / HFU", f"{pred.mfu:.1%} / {pred.hfu:.1%}"),
+            ("model TFLOP/s per device", _conventions(pred, "tflops_per_device", ".1f")),
+            ("MFU / HFU", f"{_conventions(pred, 'mfu', '.1%')} / HFU {pred.hfu:.1%}"),
             ("peak memory", f"{mem['peak']:.1f} GiB on stage {mem['peak_stage']} of "
                             f"{mem['hbm']:.0f} GiB; fits: {fits}")]
     for key, value in rows:
@@ -95,8 +95,8 @@ def rank_map_table(pred: Prediction, limit: int) -> Table:
 
 def caveat_lines(pred: Prediction) -> str:
     if not pred.caveats:
-        return "inside the validated regime (see `trainpilot validate`)"
-    return "outside the validated regime: " + "; ".join(pred.caveats)
+        return "inside the calibrated regime (see `trainpilot validate`)"
+    return "caveats: " + "; ".join(pred.caveats)
 
 
 def print_prediction(console: Console, pred: Prediction, *, ranks: int = 0) -> None:
@@ -119,7 +119,8 @@ def ranking_table(result: SearchResult) -> Table:
     table = Table(title=f"top {len(result)} plans: {result.model.name} on {result.cluster.name}, "
                         f"batch {result.global_batch_size} x {result.seq_len} tokens",
                   title_justify="left", caption="t=tp p=pp[first|last layers] v=vp d=dp "
-                  "e=ep c=cp mb=micro-batch z=ZeRO, recompute, sp=sequence parallel",
+                  "e=ep etp=expert TP (parallel folding) c=cp mb=micro-batch z=ZeRO, recompute, "
+                  "sp=sequence parallel, i=devices left idle (MFU over the devices used)",
                   caption_justify="left")
     table.add_column("#", justify="right")
     table.add_column("layout", no_wrap=True)
@@ -149,7 +150,9 @@ def stats_line(result: SearchResult) -> str:
     s = result.stats
     return (f"searched {s.enumerated:,} layouts in {s.wall_s:.2f} s: {s.pruned_memory:,} did not "
             f"fit in memory, {s.pruned_bound:,} were bounded out (could not reach the top "
-            f"{len(result) or 'N'}), {s.costed:,} were costed ({s.feasible:,} fit); "
+            f"{len(result) or 'N'}), "
+            + (f"{s.duplicates:,} were a lower ZeRO stage's plan again, " if s.duplicates else "")
+            + f"{s.costed:,} were costed ({s.feasible:,} fit); "
             f"headroom {result.headroom:.0%} of HBM")
 
 
@@ -162,3 +165,13 @@ def print_search(console: Console, result: SearchResult) -> None:
         console.print(memory_table(best))
         console.print("#1 " + caveat_lines(best), style="dim")
     console.print(stats_line(result), style="dim")
+
+
+def _conventions(pred, key: str, fmt: str) -> str:
+    """A figure in both FLOP conventions, named: full s x s attention (Megatron until 2025-03)
+    and causal attention counted once (Megatron since, torchtitan)."""
+    found = pred.flops or {}
+    if "megatron_causal" not in found:
+        return format(getattr(pred, key), fmt)
+    full, causal = found["megatron_full"][key], found["megatron_causal"][key]
+    return f"{format(full, fmt)} (full-square count), {format(causal, fmt)} (causal count)"

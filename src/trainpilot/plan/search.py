@@ -29,7 +29,8 @@ from trainpilot.plan.space import (
     splits,
     tp_options,
 )
-from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
+from trainpilot.perf.runtime import resolve
+from trainpilot.specs import ClusterSpec, ModelSpec, Plan, RuntimeProfile, SpecError
 
 GIB = 2.0**30
 
@@ -60,10 +61,12 @@ class SearchStats:
     costed: int
     feasible: int
     wall_s: float
+    duplicates: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(enumerated=self.enumerated, pruned_memory=self.pruned_memory,
-                    pruned_bound=self.pruned_bound, costed=self.costed, feasible=self.feasible,
+                    pruned_bound=self.pruned_bound, duplicates=self.duplicates,
+                    costed=self.costed, feasible=self.feasible,
                     wall_s=self.wall_s)
 
 
@@ -123,7 +126,8 @@ class SearchResult(Sequence):
 
 def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, seq_len: int,
            top: int = 5, headroom: float = 0.1, precision: str = "bf16",
-           space: SearchSpace | None = None, options: CostOptions | None = None) -> SearchResult:
+           space: SearchSpace | None = None, options: CostOptions | None = None,
+           runtime: RuntimeProfile | None = None) -> SearchResult:
     """Rank every valid layout of ``model`` on all of ``cluster`` by predicted tokens/s among
     those whose peak memory fits in ``(1 - headroom)`` of the device's HBM.
 
@@ -134,13 +138,33 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     _check_args(model, cluster, global_batch_size, seq_len, top, headroom, precision)
     est = Estimator(model, cluster, options)
     limit = est.device(precision).hbm_bytes * (1.0 - headroom)
-    walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit, top)
-    walk.run()
-    ranked = [_candidate(i + 1, model, cluster, e[3].variant(*e[4]), est, global_batch_size)
-              for i, e in enumerate(sorted(walk.heap, key=lambda e: (-e[0], -e[1], -e[2])))]
-    stats = SearchStats(enumerated=walk.enumerated, pruned_memory=walk.pruned,
-                        pruned_bound=walk.pruned_bound, costed=walk.costed,
-                        feasible=walk.feasible, wall_s=time.perf_counter() - start)
+    runtime = runtime or RuntimeProfile()
+    template = Plan(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision,
+                    runtime=runtime)
+    rt = resolve(model, template, est.options)
+    entries, walks = [], []
+    for idle in idle_options(cluster, space):
+        walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit,
+                     top, rt, devices=cluster.num_devices - idle)
+        walk.run()
+        walks.append(walk)
+        # Rank by tokens/s of the whole cluster: a layout on fewer devices must be faster
+        # per step to win (idle devices are still paid for).
+        entries += [(e, idle) for e in walk.heap]
+    entries.sort(key=lambda item: (-item[0][0], item[1], -item[0][1], -item[0][2]))
+    ranked = [_candidate(i + 1, model, cluster, e[3].variant(*e[4]), est, global_batch_size,
+                         runtime, idle)
+              for i, (e, idle) in enumerate(entries[:top])]
+    if space.tune_buckets:
+        ranked = _best_buckets(ranked, model, cluster, est)
+    stats = SearchStats(enumerated=sum(w.enumerated for w in walks),
+                        pruned_memory=sum(w.pruned for w in walks),
+                        pruned_bound=sum(w.pruned_bound for w in walks),
+                        duplicates=sum(w.duplicates for w in walks),
+                        costed=sum(w.costed for w in walks),
+                        feasible=sum(w.feasible for w in walks),
+                        wall_s=time.perf_counter() - start)
+    walk = walks[0]
     shortfall = None if ranked else _shortfall(walk, cluster, limit)
     return SearchResult(model=model, cluster=cluster, global_batch_size=global_batch_size,
                         seq_len=seq_len, headroom=headroom, plans=ranked, stats=stats,
@@ -171,12 +195,16 @@ class _Walk:
     checked against memory with their most memory-saving variant, bounded below in time, and
     then expanded best bound first until no remaining bound can enter the top N."""
 
-    def __init__(self, model, cluster, est, space, gbs, seq_len, precision, limit, top):
+    def __init__(self, model, cluster, est, space, gbs, seq_len, precision, limit, top, rt=None,
+                 devices: int | None = None):
         self.model, self.cluster, self.est, self.space = model, cluster, est, space
+        self.devices = devices or cluster.num_devices
+        self.rt = rt if rt is not None else resolve(model, Plan(global_batch_size=gbs, seq_len=seq_len, precision=precision), est.options)
         self.gbs, self.seq_len, self.precision, self.limit, self.top = \
             gbs, seq_len, precision, limit, top
         self.heap: list[tuple] = []  # (1/step, -peak, -seq, group, (zero, recompute, sp))
         self.enumerated = self.pruned = self.pruned_bound = self.costed = self.feasible = 0
+        self.duplicates = 0
         self.closest: tuple[float, Layout] | None = None  # smallest peak seen (nothing fits)
         self.sps = tuple(space.sequence_parallel)
         self.most_saving = _most_saving(space.recompute)
@@ -246,7 +274,7 @@ class _Walk:
             zeros, _, sps = variants
             self._note_closest(peak, group.variant(max(zeros), self.most_saving, True in sps))
             return
-        fit = info["fit"]
+        fit = len(info["fit"])
         self.pruned += (len(mbs) - fit) * _count(variants)
         self.pruned_bound += fit * _count(variants)
 
@@ -256,13 +284,14 @@ class _Walk:
 
     def _families(self):
         """(base fields without micro_batch_size, micro-batch sizes, variants) per family."""
-        n, layers, space = self.cluster.num_devices, self.model.num_hidden_layers, self.space
-        for tp in tp_options(self.model, self.cluster):
+        n, layers, space = self.devices, self.model.num_hidden_layers, self.space
+        for tp in tp_options(self.model, self.cluster, space, n):
             sps = tuple(sp for sp in self.sps if tp > 1 or not sp) or (False,)
             variants = (tuple(space.zero), tuple(space.recompute), sps)
             for cp in cp_options(self.seq_len, n // tp, space):
                 rest = n // (tp * cp)
-                for pp in (p for p in divisors(rest) if p <= layers):
+                for pp in (p for p in divisors(rest) if p <= layers and
+                           (space.pp is None or p in space.pp)):
                     dp = rest // pp
                     if self.gbs % dp:
                         continue
@@ -271,12 +300,12 @@ class _Walk:
                                     if split.vp == 1 or (self.gbs // (mb * dp)) % pp == 0)
                         if not mbs:  # Megatron's interleaving needs m % pp == 0
                             continue
-                        for ep in ep_options(self.model, dp, cp, space):
-                            base = dict(tp=tp, pp=pp, dp=dp, ep=ep, cp=cp, vp=split.vp,
+                        for ep, etp in ep_options(self.model, dp, cp, space, tp):
+                            base = dict(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, cp=cp, vp=split.vp,
                                         global_batch_size=self.gbs, seq_len=self.seq_len,
                                         precision=self.precision,
                                         schedule="interleaved" if split.vp > 1 else "1f1b",
-                                        stage_layers=split.stage_layers)
+                                        stage_layers=split.stage_layers, rt=self.rt)
                             self.enumerated += len(mbs) * _count(variants)
                             yield base, mbs, variants, {}
 
@@ -296,7 +325,7 @@ class _Walk:
         batch (per-sample time never rises with the micro-batch). No recomputation, no
         data-parallel or pipeline traffic."""
         base, _, variants, _ = family
-        key = (base["tp"], base["cp"], base["ep"])
+        key = (base["tp"], base["cp"], base["ep"], base["etp"])
         found = self.coarse.get(key)
         if found is None:
             # Layer costs depend on tp, cp, ep (and their groups' spans, which the family's
@@ -325,10 +354,21 @@ class _Walk:
         info["like"] = first
         zero, sp_min = max(zeros), True in sps
         fit_last = {}  # mode -> index of the largest size that fits
+        # Peak memory never falls as the micro-batch grows, except at the size that leaves
+        # one micro-batch per step, where gradients no longer accumulate unsharded: bisect
+        # the others and test that one on its own.
+        single = len(mbs) - 1 if self.gbs // (mbs[-1] * base["dp"]) == 1 else None
+        top = len(mbs) - 1 if single is None else len(mbs) - 2
+        last_fits = set()
         for mode in modes:
-            if first.peak(zero, mode, sp_min)[0] > self.limit:
+            if single is not None and first.peak(zero, mode, sp_min, mbs[single])[0] <= \
+                    self.limit:
+                last_fits.add(mode)
+            if top < 0 or first.peak(zero, mode, sp_min)[0] > self.limit:
+                if mode in last_fits:
+                    fit_last[mode] = -1
                 continue
-            lo, hi = 0, len(mbs) - 1
+            lo, hi = 0, top
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 if first.peak(zero, mode, sp_min, mbs[mid])[0] <= self.limit:
@@ -337,10 +377,15 @@ class _Walk:
                     hi = mid - 1
             fit_last[mode] = lo
         if not fit_last:
-            info["fit"] = 0
+            info["fit"] = []
             info["closest"] = (first.peak(zero, self.most_saving, sp_min)[0], first)
             return math.inf
-        info["fit"] = max(fit_last.values()) + 1
+        fits = set(range(max(fit_last.values()) + 1))
+        if last_fits:
+            fits.add(single)
+        info["fit"] = sorted(fits)
+        for mode in last_fits:  # the bound below uses the largest size each mode reaches
+            fit_last[mode] = single
         bound = math.inf
         per_replica = self.gbs / base["dp"]
         for mode, last in fit_last.items():
@@ -355,9 +400,9 @@ class _Walk:
         that do not fit are counted as pruned by memory."""
         base, mbs, variants, info = family
         fit = info["fit"]
-        self.pruned += (len(mbs) - fit) * _count(variants)
-        return [(bound, _UNREFINED, self._seq(), (base, mb, variants, info["like"]))
-                for mb in mbs[:fit]]
+        self.pruned += (len(mbs) - len(fit)) * _count(variants)
+        return [(bound, _UNREFINED, self._seq(), (base, mbs[i], variants, info["like"]))
+                for i in fit]
 
     def _expand(self, group, variants: tuple) -> None:
         """Cost the group's variants: for each (sequence parallelism, ZeRO stage), the lightest
@@ -365,8 +410,13 @@ class _Walk:
         without costing."""
         zeros, modes, sps = variants
         order = [mode for mode in RECOMPUTE if mode in modes]
+        lay = group.base
         for sp in sps:
             for zero in zeros:
+                if is_duplicate(zero, zeros, lay.dp * lay.cp, lay.num_micro_batches,
+                                lay.rt.grad_sync):
+                    self.duplicates += len(order)
+                    continue
                 for j, mode in enumerate(order):
                     if group.lower_bound(sp, mode) >= self._kth():
                         self.pruned_bound += len(order) - j  # heavier modes are slower still
@@ -396,6 +446,20 @@ class _Walk:
 _FAMILY, _UNREFINED, _GROUP, _COARSE = 0, 1, 2, 3
 
 
+def is_duplicate(zero: int, zeros: tuple[int, ...], shards: int, num_micro_batches: int,
+                 grad_sync: str) -> bool:
+    """Whether ZeRO stage ``zero`` is, for this layout, the same plan as a lower stage in
+    ``zeros``: with one shard every stage is ZeRO-0 (nothing to shard); with gradients
+    reduced once per step over several micro-batches, ZeRO-2 moves and holds what ZeRO-1
+    does (the gradients accumulate unsharded either way)."""
+    lower = [z for z in zeros if z < zero]
+    if not lower:
+        return False
+    if shards == 1:
+        return True
+    return zero == 2 and 1 in zeros and grad_sync == "step" and num_micro_batches > 1
+
+
 def _count(variants: tuple) -> int:
     return len(variants[0]) * len(variants[1]) * len(variants[2])
 
@@ -407,7 +471,55 @@ def _most_saving(modes: tuple[str, ...]) -> str:
     raise SpecError("space.recompute", modes, "valid: some of none, selective, full")
 
 
-def layout_plan(lay: Layout, model: ModelSpec) -> Plan:
+# Gradient bucket sizes tried for the ranked plans (MB): DDP's default, Megatron's (40M fp32
+# parameters), and larger ones that amortise per-collective latency on large groups.
+BUCKETS_MB = (25.0, 160.0, 640.0)
+
+
+def _best_buckets(ranked: list[Candidate], model: ModelSpec, cluster: ClusterSpec,
+                  est: Estimator) -> list[Candidate]:
+    """Each ranked plan with the gradient bucket size (``BUCKETS_MB``) that makes it fastest,
+    re-ranked. Buckets change only the data-parallel traffic (one collective per bucket), never
+    memory, so only the ranked plans need the extra costing."""
+    out = []
+    for cand in ranked:
+        best = cand
+        for mb in BUCKETS_MB:
+            if mb == cand.plan.comm.bucket_mb:
+                continue
+            plan = cand.plan.replace(comm=cand.plan.comm.replace(bucket_mb=mb))
+            pred = predict(model, cluster, plan, estimator=est)
+            if pred.step_time_s < best.prediction.step_time_s * (1 - 1e-9):
+                best = Candidate(rank=cand.rank, plan=plan, prediction=pred)
+        out.append(best)
+    out.sort(key=lambda c: (-c.prediction.tokens_per_s, c.rank))
+    return [Candidate(rank=i + 1, plan=c.plan, prediction=c.prediction)
+            for i, c in enumerate(out)]
+
+
+def idle_options(cluster: ClusterSpec, space: SearchSpace) -> list[int]:
+    """Device counts to leave idle: 0, then (with ``max_idle_devices``, by default one node's
+    worth when the device count has a prime factor above 7, e.g. 127 nodes) whole nodes, or
+    single devices on a one-node cluster."""
+    n, per_node = cluster.num_devices, cluster.devices_per_node
+    limit = space.max_idle_devices
+    if limit is None:
+        limit = per_node if _largest_prime(n) > 7 else 0
+    step = per_node if cluster.num_nodes > 1 else 1
+    return [k for k in range(0, min(limit, n - 1) + 1, step)]
+
+
+def _largest_prime(n: int) -> int:
+    largest, p = 1, 2
+    while p * p <= n:
+        while n % p == 0:
+            largest, n = p, n // p
+        p += 1
+    return max(largest, n) if n > 1 else largest
+
+
+def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = None,
+                idle_devices: int = 0) -> Plan:
     """The Plan document of a Layout (uneven stages become Megatron's first/last overrides)."""
     first = last = None
     counts = lay.stage_layers
@@ -418,12 +530,13 @@ def layout_plan(lay: Layout, model: ModelSpec) -> Plan:
                 seq_len=lay.seq_len, recompute=lay.recompute,
                 sequence_parallel=lay.sequence_parallel, precision=lay.precision,
                 pp_schedule=lay.schedule, pp_first_stage_layers=first,
-                pp_last_stage_layers=last)
+                pp_last_stage_layers=last, runtime=runtime or RuntimeProfile(), etp=lay.etp,
+                idle_devices=idle_devices)
 
 
 def _candidate(rank: int, model: ModelSpec, cluster: ClusterSpec, lay: Layout, est: Estimator,
-               gbs: int) -> Candidate:
-    plan = layout_plan(lay, model)
+               gbs: int, runtime: RuntimeProfile | None = None, idle: int = 0) -> Candidate:
+    plan = layout_plan(lay, model, runtime, idle)
     return Candidate(rank=rank, plan=plan, prediction=predict(model, cluster, plan, estimator=est))
 
 
@@ -443,10 +556,14 @@ def describe(plan: Plan, *, short: bool = False) -> str:
     parts.append(item("dp", "d", plan.dp))
     parts += [item(name, name[0], size) for name, size in (("ep", plan.ep), ("cp", plan.cp))
               if size > 1]
+    if plan.etp is not None:
+        parts.append(item("etp", "etp", plan.etp))
     parts += [item("mb", "mb", plan.micro_batch_size), item("zero", "z", plan.zero),
               plan.recompute if short else f"recompute={plan.recompute}"]
     if plan.sequence_parallel:
         parts.append("sp")
+    if plan.idle_devices:
+        parts.append(f"idle={plan.idle_devices}" if not short else f"i{plan.idle_devices}")
     return " ".join(parts)
 
 
@@ -454,8 +571,8 @@ _NAMES = {"compute": "compute", "recompute": "recomputation", "tp_comm": "TP com
           "pp_comm": "pipeline transfers", "pp_bubble": "pipeline bubble",
           "dp_comm_exposed": "exposed data-parallel traffic", "ep_comm": "expert all-to-all",
           "cp_comm": "context-parallel transfers", "optimizer": "optimizer step"}
-_FIELDS = ("tp", "pp", "vp", "dp", "ep", "cp", "micro_batch_size", "zero", "recompute",
-           "sequence_parallel", "pp_first_stage_layers")
+_FIELDS = ("tp", "pp", "vp", "dp", "ep", "etp", "cp", "micro_batch_size", "zero", "recompute",
+           "sequence_parallel", "pp_first_stage_layers", "idle_devices")
 
 
 def explain(ranked: list[Candidate]) -> str:

@@ -36,6 +36,21 @@ class SearchSpace:
     max_micro_batch_size: int | None = None
     min_cp_tokens: int = 256
     max_edge_trim: int = 2
+    # Restrictions (the CLI's --tp/--pp/--cp/--ep, --no-cp, --max-tp): None allows every size.
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    max_tp: int | None = None
+    # Tensor parallelism stays inside a node (every TP group on one node) unless allowed.
+    tp_across_nodes: bool = False
+    # MoE parallel folding (expert TP 1, EP over TP x DP) as well as the classic layout.
+    fold_experts: bool = True
+    # Devices the search may leave idle to reach a better layout (None: up to one node when
+    # the device count has a prime factor above 7, else none).
+    max_idle_devices: int | None = None
+    # Try each ranked plan with other gradient bucket sizes (search.BUCKETS_MB).
+    tune_buckets: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +69,34 @@ def divisors(n: int) -> tuple[int, ...]:
     return tuple(sorted(set(small + [n // d for d in small])))
 
 
-def tp_options(model: ModelSpec, cluster: ClusterSpec) -> list[int]:
-    """TP sizes dividing the device count, the heads, the KV heads and every MLP width."""
+def tp_options(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace | None = None,
+               devices: int | None = None) -> list[int]:
+    """TP sizes dividing the device count, the heads, the KV heads and every MLP width; inside
+    one node unless ``space.tp_across_nodes`` (a TP group that straddles nodes runs its
+    per-layer collectives over the network)."""
+    space = space or SearchSpace()
     widths = [model.num_attention_heads, int(model.intermediate_size)]
     if model.mla is None:
         widths.append(model.kv_heads)
     if model.moe is not None:
         widths.append(model.moe.expert_intermediate_size)
-    return [t for t in divisors(cluster.num_devices) if all(w % t == 0 for w in widths)]
+    out = [t for t in divisors(devices or cluster.num_devices) if all(w % t == 0 for w in widths)]
+    if not space.tp_across_nodes:
+        per_node = cluster.devices_per_node
+        out = [t for t in out if per_node % t == 0]
+    if space.max_tp is not None:
+        out = [t for t in out if t <= space.max_tp]
+    if space.tp is not None:
+        out = [t for t in out if t in space.tp]
+    return out
 
 
 def cp_options(seq_len: int, devices: int, space: SearchSpace) -> list[int]:
     if not space.context_parallel:
         return [1]
-    return [c for c in divisors(devices)
-            if c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= space.min_cp_tokens)]
+    out = [c for c in divisors(devices)
+           if c == 1 or (seq_len % (2 * c) == 0 and seq_len // c >= space.min_cp_tokens)]
+    return [c for c in out if space.cp is None or c in space.cp]
 
 
 def splits(num_layers: int, pp: int, space: SearchSpace) -> list[Split]:
@@ -115,10 +143,19 @@ def splits(num_layers: int, pp: int, space: SearchSpace) -> list[Split]:
     return out
 
 
-def ep_options(model: ModelSpec, dp: int, cp: int, space: SearchSpace) -> list[int]:
+def ep_options(model: ModelSpec, dp: int, cp: int, space: SearchSpace,
+               tp: int = 1) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs: the classic layout (EP divides dp x cp, expert TP = tp) and, with
+    ``fold_experts``, MoE parallel folding with expert TP 1 (EP divides tp x cp x dp) where it
+    differs from the classic one."""
     if model.moe is None or not space.expert_parallel:
-        return [1]
-    return [e for e in divisors(model.moe.num_experts) if (dp * cp) % e == 0]
+        return [(1, None)]
+    experts = divisors(model.moe.num_experts)
+    wanted = [e for e in experts if space.ep is None or e in space.ep]
+    out: list[tuple[int, int | None]] = [(e, None) for e in wanted if (dp * cp) % e == 0]
+    if space.fold_experts and tp > 1:
+        out += [(e, 1) for e in wanted if e > 1 and (tp * cp * dp) % e == 0]
+    return out or [(1, None)]
 
 
 def micro_batches(global_batch_size: int, dp: int, space: SearchSpace) -> list[int]:

@@ -22,8 +22,25 @@ class DeviceSpec(Spec):
     hbm_gib: PositiveFloat
     hbm_gbytes_per_s: PositiveFloat
     power_w: PositiveFloat | None = None  # board power at full load (TDP)
+    # A power cap below the TDP (nvidia-smi -pl): the cost model scales the compute peak by the
+    # clock the cap allows, (power_limit_w / power_w)^(1/3) (dynamic power ~ f V^2, V ~ f).
+    power_limit_w: PositiveFloat | None = None
     # Name of the per-device efficiency data the cost model uses; default: `name`.
     efficiency_curve: str | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _check_power(self) -> DeviceSpec:
+        if self.power_limit_w is not None and self.power_w is None:
+            raise SpecError("device.power_limit_w", self.power_limit_w,
+                            "needs power_w (the TDP the limit is compared with)")
+        return self
+
+    @property
+    def clock_factor(self) -> float:
+        """Share of the rated clock a power cap leaves: (limit / TDP)^(1/3), at most 1."""
+        if self.power_limit_w is None or self.power_w is None:
+            return 1.0
+        return min(1.0, (self.power_limit_w / self.power_w) ** (1.0 / 3.0))
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype`` (falls back to bf16, then fp16, for missing entries)."""

@@ -141,7 +141,7 @@ def _deepseek(cfg) -> dict[str, Any]:
            "first_k_dense_layers": cfg.first_k_dense_replace,
            "router_score": "sigmoid", "router_expert_bias": True,
            "router_norm_topk": bool(cfg.norm_topk_prob),
-           "router_num_groups": groups, "router_group_topk": cfg.topk_group if groups else None,
+           "num_expert_groups": groups or 1, "topk_groups": cfg.topk_group if groups else None,
            "router_scaling_factor": cfg.routed_scaling_factor}
     mla = {"q_lora_rank": cfg.q_lora_rank or 0, "kv_lora_rank": cfg.kv_lora_rank,
            "qk_nope_head_dim": cfg.qk_nope_head_dim, "qk_rope_head_dim": cfg.qk_rope_head_dim,

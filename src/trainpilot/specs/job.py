@@ -133,12 +133,21 @@ def check_job(model: ModelSpec, cluster: ClusterSpec | None, plan: Plan) -> None
             "plan.tp", plan.tp,
             f"does not divide num_key_value_heads={kv}; valid: {_divisors(kv)}",
         )
-    widths = {"intermediate_size": int(model.intermediate_size)}
+    if int(model.intermediate_size) % plan.tp:
+        raise SpecError("plan.tp", plan.tp,
+                        f"does not divide intermediate_size={model.intermediate_size}")
     if model.moe:
-        widths["moe.expert_intermediate_size"] = model.moe.expert_intermediate_size
-    for key, width in widths.items():
-        if width % plan.tp:
-            raise SpecError("plan.tp", plan.tp, f"does not divide {key}={width}")
+        etp = plan.etp if plan.etp is not None else plan.tp
+        field = "plan.etp" if plan.etp is not None else "plan.tp"
+        width = model.moe.expert_intermediate_size
+        if width % etp:
+            raise SpecError(field, etp, f"does not divide moe.expert_intermediate_size={width}")
+        if model.moe.num_shared_experts and model.moe.shared_width % plan.tp:
+            raise SpecError("plan.tp", plan.tp,
+                            f"does not divide the shared experts' width {model.moe.shared_width}")
+    elif plan.etp is not None:
+        raise SpecError("plan.etp", plan.etp, f"model {model.name!r} has no experts; "
+                        "valid: leave etp unset")
     stage_layers(model, plan)
     if plan.ep > 1:
         if model.moe is None:
@@ -162,11 +171,13 @@ def check_job(model: ModelSpec, cluster: ClusterSpec | None, plan: Plan) -> None
         )
     if cluster is None:
         return
-    if plan.world_size != cluster.num_devices:
+    if plan.world_size + plan.idle_devices != cluster.num_devices:
+        idle = f" + idle_devices {plan.idle_devices}" if plan.idle_devices else ""
         raise SpecError(
             "plan.dp*tp*pp*cp", plan.world_size,
-            f"dp*tp*pp*cp = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp} must equal the cluster's "
-            f"{cluster.num_devices} devices ({cluster.num_nodes} nodes x {cluster.devices_per_node})",
+            f"dp*tp*pp*cp{idle} = {plan.dp}*{plan.tp}*{plan.pp}*{plan.cp}{idle} must equal the "
+            f"cluster's {cluster.num_devices} devices ({cluster.num_nodes} nodes x "
+            f"{cluster.devices_per_node}); leave devices unused with plan.idle_devices",
         )
     if plan.precision not in cluster.device.peak_tflops:
         raise SpecError(

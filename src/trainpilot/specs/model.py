@@ -33,29 +33,25 @@ class MoESpec(Spec):
     # DeepSeek-V3's aux-loss-free balancing: a per-expert bias added to the scores for the
     # choice only (`e_score_correction_bias`).
     router_expert_bias: bool = False
-    # Group-limited routing (DeepSeek): experts in `router_num_groups` groups, tokens routed
-    # within the best `router_group_topk` groups. None: no grouping.
-    router_num_groups: PositiveInt | None = None
-    router_group_topk: PositiveInt | None = None
     # Factor on the routed experts' weighted sum (DeepSeek-V3: 2.5).
     router_scaling_factor: PositiveFloat | None = None
+    # Group-limited routing (DeepSeek's n_group / topk_group): experts in this many groups, a
+    # token routed within its best ``topk_groups`` groups (node-limited when groups are nodes).
+    num_expert_groups: PositiveInt = 1
+    topk_groups: PositiveInt | None = None
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> MoESpec:
+        if self.topk_groups is not None and self.topk_groups > self.num_expert_groups:
+            raise SpecError("topk_groups", self.topk_groups,
+                            f"exceeds num_expert_groups={self.num_expert_groups}")
+        if self.num_experts % self.num_expert_groups:
+            raise SpecError("num_expert_groups", self.num_expert_groups,
+                            f"does not divide num_experts={self.num_experts}")
         if self.top_k > self.num_experts:
             raise SpecError("top_k", self.top_k,
                             f"top_k={self.top_k} exceeds num_experts={self.num_experts}; "
                             f"valid: 1 <= top_k <= {self.num_experts}")
-        if (self.router_num_groups is None) != (self.router_group_topk is None):
-            raise SpecError("router_group_topk", self.router_group_topk,
-                            "router_num_groups and router_group_topk go together; valid: both "
-                            "set or neither")
-        if self.router_num_groups is not None and (
-                self.num_experts % self.router_num_groups
-                or self.router_group_topk > self.router_num_groups):
-            raise SpecError("router_num_groups", self.router_num_groups,
-                            f"must divide num_experts={self.num_experts} and be >= "
-                            f"router_group_topk={self.router_group_topk}")
         return self
 
     @property
@@ -119,6 +115,14 @@ class ModelSpec(Spec):
     num_mtp_layers: NonNegativeInt = 0
     moe: MoESpec | None = None
     mla: MLASpec | None = None
+    # Attention and hidden dropout probability in training. None: Megatron's GPT default (0.1)
+    # for learned-position (GPT-style) models, none for RoPE models.
+    dropout: float | None = pydantic.Field(default=None, ge=0.0, lt=1.0)
+    # Sliding-window attention (GPT-OSS, Mistral): tokens attend to the previous
+    # ``sliding_window`` only, on layers whose index is a multiple of ``sliding_window_every``
+    # (1: every layer; 2: every other layer, starting with the first).
+    sliding_window: PositiveInt | None = None
+    sliding_window_every: PositiveInt = 1
 
     @pydantic.model_validator(mode="after")
     def _defaults_and_checks(self) -> ModelSpec:
@@ -162,6 +166,19 @@ class ModelSpec(Spec):
             return False
         k = self.moe.first_k_dense_layers
         return index >= k and (index - k) % self.moe.layer_freq == 0
+
+    def attention_span(self, index: int, seq_len: int) -> int:
+        """Keys a query attends to at most in layer ``index`` (the window, or the sequence)."""
+        if self.sliding_window is not None and index % self.sliding_window_every == 0:
+            return min(seq_len, self.sliding_window)
+        return seq_len
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether training applies dropout (see ``dropout``)."""
+        if self.dropout is not None:
+            return self.dropout > 0
+        return self.position_embedding == "learned"
 
     @property
     def num_moe_layers(self) -> int:

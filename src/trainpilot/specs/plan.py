@@ -9,6 +9,12 @@ from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
 
 from trainpilot.specs.base import Spec
 from trainpilot.specs.errors import SpecError
+from trainpilot.specs.runtime import RuntimeProfile
+
+# Rank orders (innermost first). "tp-cp-ep-pp-dp": trainpilot's default (pipeline stages of one
+# replica close together, data-parallel replicas outermost); "tp-cp-ep-dp-pp": Megatron-Core's
+# default RankGenerator order (data-parallel groups compact, pipeline stages outermost).
+RANK_ORDERS = ("tp-cp-ep-pp-dp", "tp-cp-ep-dp-pp")
 
 
 class CommOptions(Spec):
@@ -21,6 +27,9 @@ class CommOptions(Spec):
     topk_density: float = pydantic.Field(default=0.15, gt=0, le=1)
     powersgd_rank: PositiveInt = 4
     error_feedback: bool = True
+    # Collective algorithm for NCCL-family libraries: "auto" picks, per call, the fastest of
+    # ring and tree by size (NCCL's tuner); "ring"/"tree" force one (NCCL_ALGO).
+    algorithm: Literal["auto", "ring", "tree"] = "auto"
 
 
 class CheckpointPolicy(Spec):
@@ -42,6 +51,10 @@ class Plan(Spec):
     pp: PositiveInt = 1
     dp: PositiveInt = 1
     ep: PositiveInt = 1
+    # Expert tensor parallelism. None: expert layers use tp (and EP divides dp * cp). Set: MoE
+    # parallel folding (Megatron-Core's --expert-tensor-parallel-size): the expert layers re-map
+    # the tp x cp x dp ranks of each pipeline stage as etp x ep x edp, so EP may span TP.
+    etp: PositiveInt | None = None
     cp: PositiveInt = 1
     vp: PositiveInt = 1  # interleaved virtual stages per pipeline rank
     zero: Literal[0, 1, 2, 3] = 1  # 1: distributed optimizer; 3: FSDP full shard
@@ -59,6 +72,11 @@ class Plan(Spec):
     pp_last_stage_layers: NonNegativeInt | None = None
     comm: CommOptions = CommOptions()
     checkpoint: CheckpointPolicy = CheckpointPolicy()
+    runtime: RuntimeProfile = RuntimeProfile()
+    rank_order: Literal["tp-cp-ep-pp-dp", "tp-cp-ep-dp-pp"] = "tp-cp-ep-pp-dp"
+    # Devices of the cluster the plan leaves unused (a prime device count, a spare node):
+    # dp * tp * pp * cp + idle_devices must equal the cluster's devices.
+    idle_devices: NonNegativeInt = 0
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> Plan:
@@ -73,9 +91,15 @@ class Plan(Spec):
             raise SpecError("vp", self.vp, "needs pp > 1; valid: vp=1 when pp=1")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("sequence_parallel", True, "needs tp > 1; valid: false when tp=1")
-        if (self.dp * self.cp) % self.ep:
+        if self.etp is None and (self.dp * self.cp) % self.ep:
             raise SpecError("ep", self.ep, f"does not divide dp * cp = {self.dp * self.cp}; "
-                            "valid: a divisor of dp * cp")
+                            "valid: a divisor of dp * cp, or set etp (MoE parallel folding: "
+                            "EP over tp x cp x dp)")
+        if self.etp is not None and (self.tp * self.cp * self.dp) % (self.etp * self.ep):
+            folded = self.tp * self.cp * self.dp
+            raise SpecError("ep", self.ep,
+                            f"etp * ep = {self.etp} * {self.ep} does not divide tp * cp * dp = "
+                            f"{folded}; valid: etp * ep dividing {folded}")
         if self.dp_shard is not None and (self.zero != 3 or self.dp % self.dp_shard):
             raise SpecError("dp_shard", self.dp_shard,
                             f"needs zero=3 and must divide dp={self.dp}")

@@ -1,7 +1,20 @@
 """Validation of the cost model against published and measured iteration times and memory."""
 
-from trainpilot.perf.validation.cases import CALIBRATION, HELD_OUT, Case, all_cases
+from trainpilot.perf.validation.cases import (
+    CALIBRATION,
+    DEVELOPMENT,
+    HELD_OUT,
+    SPLITS,
+    Case,
+    all_cases,
+    source_cases,
+)
 from trainpilot.perf.validation.runner import (
+    DATASET_THRESHOLDS,
+    HELD_OUT_GATES,
+    TARGETS,
+    POOLED,
+    SOURCE_MEAN,
     THRESHOLDS,
     Result,
     Summary,
@@ -10,5 +23,6 @@ from trainpilot.perf.validation.runner import (
     summarize,
 )
 
-__all__ = ["CALIBRATION", "HELD_OUT", "THRESHOLDS", "Case", "Result", "Summary", "all_cases",
-           "failures", "run", "summarize"]
+__all__ = ["DATASET_THRESHOLDS", "TARGETS", "CALIBRATION", "DEVELOPMENT", "HELD_OUT", "HELD_OUT_GATES", "POOLED", "SOURCE_MEAN",
+           "SPLITS", "THRESHOLDS", "Case", "Result", "Summary", "all_cases", "failures", "run",
+           "source_cases", "summarize"]

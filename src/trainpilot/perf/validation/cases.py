@@ -1,10 +1,15 @@
-"""Validation cases: each published or measured row as (model, cluster, plan, options,
-measured value, what is compared, calibration or held-out).
+"""Validation cases: each published or measured row as the three job documents, the measured
+value, what it is (metric and FLOP convention) and its split.
 
-The calibration split is fixed by one rule: the vTrain rows with an even row index (0-based,
-file order) in each of the two CSVs. Every other row - the odd vTrain rows and every paper row
-(Narayanan, Korthikanti) - is held out. (A first rule, single-node rows only, could not identify
-the efficiency of the large GEMMs that 3.6-175B models run; see docs/cost_model.md.)
+Splits, by source:
+
+* calibration: the vTrain rows with an even row index (0-based, file order) in each of its two
+  CSVs, the only rows the A100 efficiency data was fitted to;
+* development: the sources the cost model was built and checked against before issue 14
+  (Narayanan et al. 2021, Korthikanti et al. 2022, Llama 3 405B, the odd vTrain rows): nothing
+  was fitted to them, but they were seen while the model was written;
+* held_out: every source in ``sources/`` (``sources.py``), added in issue 14 and never used to
+  fit anything.
 """
 
 from __future__ import annotations
@@ -20,30 +25,40 @@ import yaml
 from trainpilot.perf.memory import layer_rank_params
 from trainpilot.perf.options import CostOptions
 from trainpilot.perf.validation import vtrain
+from trainpilot.perf.validation.sources import load_sources
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, load_cluster, load_model
 
-CALIBRATION, HELD_OUT = "calibration", "held_out"
-# The software of 2021-2022 Megatron(-DeepSpeed): unfused attention, dropout 0.1.
-LEGACY = CostOptions(flash_attention=False, dropout=True)
+CALIBRATION, DEVELOPMENT, HELD_OUT = "calibration", "development", "held_out"
+SPLITS = (CALIBRATION, DEVELOPMENT, HELD_OUT)
+NO_OPTIONS = CostOptions()
+# The software of 2021-2022 Megatron(-DeepSpeed): unfused attention, dropout 0.1, no overlap.
+LEGACY_RUNTIME = dict(stack="megatron-legacy")
 
 
 @dataclass(frozen=True, kw_only=True)
 class Case:
-    """One row to predict. ``metric`` is what ``measured`` is: step_time_s, tflops_per_gpu
-    (Narayanan's recompute-inclusive count), causal_tflops_per_gpu (Megatron's model FLOPs
-    with causal attention counted once: ``runner.causal_flops_per_token``),
-    weights_optimizer_gib or activations_gib."""
+    """One row to predict. ``metric`` is what ``measured`` is: step_time_s,
+    tokens_per_s_per_gpu, tflops_per_gpu (in the FLOP ``convention`` named, see
+    ``perf.flops.CONVENTIONS``), weights_optimizer_gib or activations_gib. ``free``: plan
+    fields the source does not publish, chosen by the model (the fastest that fits)."""
 
     dataset: str
     label: str
     model: ModelSpec
     cluster: ClusterSpec
     plan: Plan
-    options: CostOptions
     metric: str
     measured: float
     split: str
     source: str
+    options: CostOptions = NO_OPTIONS
+    convention: str | None = None
+    free: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """dense or moe."""
+        return "moe" if self.model.is_moe else "dense"
 
 
 @lru_cache(maxsize=1)
@@ -79,11 +94,11 @@ def narayanan_cases() -> list[Case]:
     for params, heads, hidden, layers, tp, pp, gpus, batch, tflops in data["rows"]:
         plan = Plan(tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch_size=1,
                     global_batch_size=batch, seq_len=2048, recompute="full", precision="fp16",
-                    zero=0, comm=dict(overlap=False))
+                    zero=0, comm=dict(overlap=False), runtime=LEGACY_RUNTIME)
         out.append(Case(dataset="narayanan2021", label=f"{params}B t{tp} p{pp} {gpus} GPUs",
                         model=gpt(layers, hidden, heads), cluster=a100_cluster(gpus),
-                        plan=plan, options=LEGACY, metric="tflops_per_gpu",
-                        measured=float(tflops), split=HELD_OUT, source=data["source"]))
+                        plan=plan, metric="tflops_per_gpu", convention="narayanan",
+                        measured=float(tflops), split=DEVELOPMENT, source=data["source"]))
     return out
 
 
@@ -92,7 +107,8 @@ def _korthikanti_plan(tp: int, pp: int, gbs: int, mb: int, vp: int, mode: str) -
     return Plan(tp=tp, pp=pp, dp=1, vp=vp, micro_batch_size=mb, global_batch_size=gbs,
                 seq_len=2048, recompute="selective" if sp else ("none" if mode == "none" else
                                                                  "full"),
-                sequence_parallel=sp, precision="bf16", zero=0, comm=dict(overlap=False))
+                sequence_parallel=sp, precision="bf16", zero=0, comm=dict(overlap=False),
+                runtime=LEGACY_RUNTIME)
 
 
 def korthikanti_cases() -> list[Case]:
@@ -102,8 +118,8 @@ def korthikanti_cases() -> list[Case]:
         setups[name] = (heads, hidden, layers, tp, pp, gpus, gbs, mb, vp)
         out.append(Case(dataset="korthikanti2022", label=f"{name} {mode}",
                         model=gpt(layers, hidden, heads), cluster=a100_cluster(gpus),
-                        plan=_korthikanti_plan(tp, pp, gbs, mb, vp, mode), options=LEGACY,
-                        metric="step_time_s", measured=float(seconds), split=HELD_OUT,
+                        plan=_korthikanti_plan(tp, pp, gbs, mb, vp, mode),
+                        metric="step_time_s", measured=float(seconds), split=DEVELOPMENT,
                         source=time_data["source"]))
     mem_data = published()["korthikanti2022_memory"]
     for name, quantity, gib in mem_data["rows"]:
@@ -113,8 +129,8 @@ def korthikanti_cases() -> list[Case]:
         metric = "weights_optimizer_gib" if quantity == "weights_optimizer" else "activations_gib"
         out.append(Case(dataset="korthikanti2022_memory", label=f"{name} {quantity}",
                         model=gpt(layers, hidden, heads), cluster=a100_cluster(gpus),
-                        plan=_korthikanti_plan(tp, pp, gbs, mb, vp, mode), options=LEGACY,
-                        metric=metric, measured=float(gib), split=HELD_OUT,
+                        plan=_korthikanti_plan(tp, pp, gbs, mb, vp, mode),
+                        metric=metric, measured=float(gib), split=DEVELOPMENT,
                         source=mem_data["source"]))
     return out
 
@@ -138,11 +154,12 @@ def llama3_cases() -> list[Case]:
                     global_batch_size=gbs, seq_len=seq, recompute="none",
                     sequence_parallel=True, zero=2, precision="bf16",
                     pp_first_stage_layers=7, pp_last_stage_layers=7,
-                    comm=dict(overlap=True, bucket_mb=round(layer_mb)))
+                    comm=dict(overlap=True, bucket_mb=round(layer_mb), compression="bf16"),
+                    runtime=dict(stack="pytorch", fused_kernels=True, grad_sync="micro_batch"))
         out.append(Case(dataset="llama3_2024", label=f"405B t{tp} c{cp} p{pp} d{dp} {gpus} GPUs",
                         model=model, cluster=llama3_cluster(gpus), plan=plan,
-                        options=CostOptions(grad_reduce_bytes=2), metric="causal_tflops_per_gpu",
-                        measured=float(tflops), split=HELD_OUT, source=data["source"]))
+                        metric="tflops_per_gpu", convention="megatron_causal",
+                        measured=float(tflops), split=DEVELOPMENT, source=data["source"]))
     return out
 
 
@@ -157,19 +174,40 @@ def vtrain_cases(folder: Path | None) -> list[Case]:
         inter = vtrain.INTER_NODE_GBYTES_PER_GPU if row.dataset == "vtrain_multi" else None
         plan = Plan(tp=row.tp, pp=row.pp, dp=row.dp, micro_batch_size=row.micro_batch,
                     global_batch_size=row.global_batch, seq_len=row.seq_len, recompute="full",
-                    precision="fp16", zero=0, comm=dict(overlap=False))
-        split = CALIBRATION if row.index % 2 == 0 else HELD_OUT
+                    precision="fp16", zero=0, comm=dict(overlap=False),
+                    runtime=LEGACY_RUNTIME)
+        split = CALIBRATION if row.index % 2 == 0 else DEVELOPMENT
         label = (f"#{row.index} h{row.hidden} l{row.layers} t{row.tp} p{row.pp} d{row.dp} "
                  f"mb{row.micro_batch} gbs{row.global_batch}")
         out.append(Case(dataset=row.dataset, label=label,
                         model=gpt(row.layers, row.hidden, row.heads, vocab, row.seq_len),
-                        cluster=a100_cluster(row.gpus, inter), plan=plan, options=LEGACY,
+                        cluster=a100_cluster(row.gpus, inter), plan=plan,
                         metric="step_time_s", measured=row.iteration_s, split=split,
                         source="vTrain (Bang et al., MICRO'24), " + vtrain.FILES[row.dataset]))
     return out
 
 
+def source_cases() -> list[Case]:
+    """The held-out sources (``sources/*.yaml``) as cases."""
+    from trainpilot.specs.loading import validate
+
+    out = []
+    for src in load_sources():
+        for row in src.rows:
+            where = f"{src.name}: {row['label']}"
+            model = validate(ModelSpec, row["model"], doc="model", source=where)
+            cluster = validate(ClusterSpec, row["cluster"], doc="cluster", source=where)
+            plan = validate(Plan, row["plan"], doc="plan", source=where)
+            out.append(Case(dataset=src.name, label=row["label"], model=model, cluster=cluster,
+                            plan=plan, metric=row["metric"], convention=row["convention"],
+                            measured=row["measured"], split=src.split, free=row["free"],
+                            source=src.citation))
+    return out
+
+
 def all_cases(vtrain_dir: Path | None = None, *, find_vtrain: bool = True) -> list[Case]:
-    """Every case: the paper rows always, the vTrain rows when their folder is found."""
+    """Every case: the development papers and the held-out sources always, the vTrain rows
+    when their folder is found."""
     folder = vtrain_dir or (vtrain.locate() if find_vtrain else None)
-    return narayanan_cases() + korthikanti_cases() + llama3_cases() + vtrain_cases(folder)
+    return narayanan_cases() + korthikanti_cases() + llama3_cases() + vtrain_cases(folder) + \
+        source_cases()

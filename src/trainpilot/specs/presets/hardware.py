@@ -100,7 +100,13 @@ def build_cluster(device: str, num_devices: int, name: str | None = None) -> dic
     family = _FAMILY[device]
     per_node = min(8, num_devices)
     if num_devices % per_node:
-        raise ValueError(f"{num_devices} devices is not a whole number of 8-device nodes")
+        from trainpilot.specs.errors import SpecError
+
+        below, above = num_devices // per_node * per_node, -(-num_devices // per_node) * per_node
+        raise SpecError("cluster", name or f"{device}-x{num_devices}",
+                        f"{num_devices} devices is not a whole number of {per_node}-device "
+                        f"nodes; valid: {device}-x{below} or {device}-x{above} (a plan may "
+                        f"leave devices idle: plan.idle_devices)")
     nodes = num_devices // per_node
     wiring = _WIRING[family]
     inter_rack = dict(wiring["inter_node"], latency_us=wiring["inter_node"]["latency_us"] * 2)

@@ -72,8 +72,8 @@ MODELS: dict[str, dict[str, Any]] = {
                           beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
         moe=dict(num_experts=256, top_k=8, expert_intermediate_size=2048, num_shared_experts=1,
                  first_k_dense_layers=3, aux_loss_coeff=0.0001, router_score="sigmoid",
-                 router_norm_topk=True, router_expert_bias=True, router_num_groups=8,
-                 router_group_topk=4, router_scaling_factor=2.5),
+                 router_norm_topk=True, router_expert_bias=True, num_expert_groups=8,
+                 topk_groups=4, router_scaling_factor=2.5),
         mla=dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
                  v_head_dim=128),
     ),
@@ -85,6 +85,45 @@ MODELS: dict[str, dict[str, Any]] = {
         activation="swiglu", norm="rmsnorm", position_embedding="rope",
         max_position_embeddings=40960, qk_norm=True, rope_theta=1e6, norm_eps=1e-6,
         moe=dict(num_experts=128, top_k=8, expert_intermediate_size=768, aux_loss_coeff=0.001),
+    ),
+    # Qwen/Qwen3-235B-A22B config.json: 94 layers, 128 experts of width 1,536, 8 active,
+    # GQA with 4 KV heads of dim 128 (QK-norm not modelled: a negligible elementwise op)
+    "qwen3-235b-a22b": dict(
+        name="qwen3-235b-a22b", num_hidden_layers=94, hidden_size=4096, num_attention_heads=64,
+        num_key_value_heads=4, head_dim=128, intermediate_size=12288, vocab_size=151936,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        max_position_embeddings=40960,
+        moe=dict(num_experts=128, top_k=8, expert_intermediate_size=1536, aux_loss_coeff=0.001),
+    ),
+    # moonshotai/Kimi-K2-Base config.json: DeepSeek-V3's architecture with 384 routed experts,
+    # 64 attention heads and one dense layer (first_k_dense_replace = 1), vocabulary 163,840.
+    "kimi-k2": dict(
+        name="kimi-k2", num_hidden_layers=61, hidden_size=7168, num_attention_heads=64,
+        num_key_value_heads=64, head_dim=128, intermediate_size=18432, vocab_size=163840,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope",
+        max_position_embeddings=131072,
+        moe=dict(num_experts=384, top_k=8, expert_intermediate_size=2048, num_shared_experts=1,
+                 first_k_dense_layers=1, aux_loss_coeff=0.0),
+        mla=dict(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                 v_head_dim=128),
+    ),
+    # openai/gpt-oss-20b and gpt-oss-120b config.json: 64 query heads of dim 64, 8 KV heads,
+    # alternating 128-token sliding-window and full attention layers (the first is sliding),
+    # 32 / 128 experts of width 2,880, 4 active. Attention sinks and the clamped SwiGLU are
+    # elementwise details the cost model leaves out.
+    "gpt-oss-20b": dict(
+        name="gpt-oss-20b", num_hidden_layers=24, hidden_size=2880, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=False,
+        max_position_embeddings=131072, sliding_window=128, sliding_window_every=2,
+        moe=dict(num_experts=32, top_k=4, expert_intermediate_size=2880),
+    ),
+    "gpt-oss-120b": dict(
+        name="gpt-oss-120b", num_hidden_layers=36, hidden_size=2880, num_attention_heads=64,
+        num_key_value_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=False,
+        max_position_embeddings=131072, sliding_window=128, sliding_window_every=2,
+        moe=dict(num_experts=128, top_k=4, expert_intermediate_size=2880),
     ),
     # Test-sized models (ours): train in seconds on one CPU core.
     "tiny-gpt": dict(

@@ -1,0 +1,110 @@
+"""The feed-forward block of one layer on one rank: a dense MLP, or an MoE layer's router,
+token permutation, experts and expert communication.
+
+Expert layers (MoE parallel folding, ``placement.py``): a rank routes ``m_r`` token rows (its
+sequence-parallel shard, ``m / tp``, when tp > 1), sends ``m_r x top_k`` token copies over its EP
+group and receives as many (times the busiest rank's imbalance); with expert tensor parallelism
+of size ``etp`` the copies are gathered over the expert-TP group, so each rank computes
+``etp x m_r x top_k`` rows on ``width / etp`` slices of its ``experts / ep`` local experts. With
+``etp = tp`` (the classic layout) that is ``m x top_k`` rows on ``width / tp``.
+
+Dispatch: NCCL's all-to-all sends each copy to its destination GPU, the ``(n - g)/n`` share off
+the node over the NIC. DeepEP (``runtime.ep_dispatcher = deepep``) sends one copy per
+destination node over the network and forwards inside the node over NVLink: for ``top_k``
+experts uniform over ``N`` nodes, a token reaches ``(N - 1)(1 - (1 - 1/N)^k)`` other nodes on
+average; node-limited routing (``moe.topk_groups`` of ``moe.num_expert_groups`` groups laid
+over the nodes) caps the nodes a token reaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainpilot.perf.hardware import Device
+from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerSetup, _Ops
+from trainpilot.perf.topology import GroupSpan, Network
+from trainpilot.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class MlpComm:
+    tp_fwd_s: float  # expert-TP gathers and scatters, per forward
+    ep_fwd_s: float  # dispatch + combine all-to-all, per forward
+
+
+def expert_rows(model: ModelSpec, st: LayerSetup, m: float) -> float:
+    """Token copies one rank's experts process per micro-batch (balanced routing)."""
+    assert model.moe is not None
+    m_route = m / st.tp if st.tp > 1 else m
+    return st.expert_tp * m_route * model.moe.top_k
+
+
+def remote_copies(model: ModelSpec, span: GroupSpan, dispatcher: str) -> float:
+    """Token copies a rank sends off its node per routed token, over top_k."""
+    moe = model.moe
+    assert moe is not None
+    n, g, nodes = span.size, span.per_node, span.nodes
+    if nodes <= 1:
+        return 0.0
+    if dispatcher != "deepep":
+        return (n - g) / n
+    reach = nodes
+    if moe.topk_groups is not None and moe.num_expert_groups >= nodes:
+        reach = max(1, min(nodes, moe.topk_groups * nodes // moe.num_expert_groups))
+    k = moe.top_k
+    if reach >= nodes:
+        other = (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
+    else:  # the token's groups are picked first: it reaches `reach` nodes, its own among them
+        other = reach * (nodes - 1) / nodes
+    return min(other, k * (n - g) / n) / k
+
+
+def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net: Network,
+             spans: dict[str, GroupSpan], m: float, fwd: _Ops, bwd: _Ops) -> MlpComm:
+    """Add the block's kernels to ``fwd``/``bwd`` and return its communication."""
+    h, rt = model.hidden_size, st.rt
+    gate = 2 if model.activation == "swiglu" else 1
+    act_kind = "swiglu" if gate == 2 else "gelu"
+    act_bytes_per = ACT_BYTES * (3 if gate == 2 else 2)  # read (2 inputs if gated), write
+
+    def dense(rows: float, width: float, tp: int, experts: float = 1.0) -> None:
+        fwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h))
+        fwd.add_elementwise(experts * dev.memory_s(act_bytes_per * rows * width / tp),
+                            act_kind, rt)
+        fwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp))
+        bwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h), backward=True)
+        bwd.add_elementwise(BWD_MEM * experts * dev.memory_s(act_bytes_per * rows * width / tp),
+                            act_kind, rt, backward=True)
+        bwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp), backward=True)
+
+    if not moe_layer:
+        dense(m, int(model.intermediate_size), st.tp)
+        return MlpComm(0.0, 0.0)
+    moe = model.moe
+    assert moe is not None
+    t, etp = st.tp, st.expert_tp
+    m_route = m / t if t > 1 else m  # Megatron routes sequence-parallel shards when tp > 1
+    rows = expert_rows(model, st, m) * st.ep_imbalance
+    fwd.add(dev.gemm_s(m_route, moe.num_experts, h))  # router
+    fwd.add(dev.memory_s(3 * 4 * m_route * moe.num_experts))  # softmax + top-k in fp32
+    permute = 2 * ACT_BYTES * 2 * (rows / etp) * h  # gather into expert order and back
+    fwd.add(dev.memory_s(permute), 2)
+    bwd.add(BWD_MEM * dev.memory_s(permute), 2)
+    local = moe.num_experts / st.ep
+    dense(rows / local, moe.expert_intermediate_size, etp, experts=local)
+    if moe.num_shared_experts:
+        dense(m, moe.shared_width, t)
+    coll = dev.host_coll_s
+    a2a = 0.0
+    if st.ep > 1:
+        span = spans["ep"]
+        share = remote_copies(model, span, rt.ep_dispatcher)
+        sent = ACT_BYTES * m_route * moe.top_k * h * st.ep_imbalance
+        a2a = 2 * max(net.all_to_all_s(span, sent, remote_share=share), coll)
+    tp_gather = 0.0
+    if etp > 1:  # expert tensor parallelism: gather routed tokens, scatter results back
+        msg = ACT_BYTES * rows * h
+        span = spans.get("etp", spans["tp"])
+        tp_gather = max(net.all_gather_s(span, msg), coll) + \
+            max(net.reduce_scatter_s(span, msg), coll)
+    return MlpComm(tp_gather, a2a)

@@ -1,0 +1,97 @@
+"""The executing stack as the cost model sees it: a Plan's RuntimeProfile resolved against its
+stack's defaults, the model (dropout) and the caller's CostOptions overrides.
+
+Physical meaning of each term (docs/cost_model.md, "Runtime profiles"):
+
+* ``fused``: a norm, an activation function, RoPE or the loss is one kernel reading its input
+  and writing its output once. Unfused (eager PyTorch) it is the chain of elementwise kernels
+  the framework issues, each reading and writing a full tensor, several of them in fp32
+  (``UNFUSED_TRAFFIC``, ``UNFUSED_KERNELS`` below: counted from the eager decompositions).
+* ``host_us``: the host time to issue one kernel; a kernel never takes less on the critical
+  path. None: the device data's value.
+* ``tp_overlap`` / ``ep_overlap``: TP collectives / expert all-to-alls run concurrently with
+  independent compute (only what the compute cannot cover is exposed).
+* ``grad_sync``: "step" reduces gradients once per step (after the last micro-batch), holding
+  them unsharded in between; "micro_batch" reduces (ZeRO-2: reduce-scatters) after every
+  micro-batch and keeps only the shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainpilot.specs import ModelSpec, Plan
+
+# Eager PyTorch decompositions, counted as (full-tensor passes through HBM relative to the fused
+# kernel, kernels issued) for one forward; backward kernels follow the same ratio.
+# * RMSNorm written in PyTorch ops under autocast (Llama-style models, torchtitan): cast to
+#   fp32, square, mean, rsqrt, two multiplies, cast back: 7 kernels moving ~3.5x the fused
+#   kernel's bytes (the fp32 intermediates count double).
+# * LayerNorm and GeLU: one native ATen kernel each in eager mode too (no difference).
+# * SwiGLU, silu(a) * b: silu reads a and writes s, the multiply reads s and b and writes: 5
+#   passes against the fused kernel's 3 (1.7x), 2 kernels.
+# * RoPE in the rotate-half / complex-multiply form: slices, negation, concatenation, two
+#   multiplies and an add: ~3x the bytes, 6 kernels.
+# * The loss: log_softmax and nll over fp32 logits: 1.5x the fused vocab-parallel loss, 3.
+UNFUSED_TRAFFIC = {"rmsnorm": 3.5, "layernorm": 1.0, "swiglu": 1.7, "gelu": 1.0, "rope": 3.0,
+                   "loss": 1.5}
+UNFUSED_KERNELS = {"rmsnorm": 7, "layernorm": 1, "swiglu": 2, "gelu": 1, "rope": 6, "loss": 3}
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Resolved runtime facts one layout is costed with (hashable: part of cache keys)."""
+
+    stack: str = "trainpilot"
+    flash_attention: bool = True
+    fused: bool = False
+    compile: bool = False
+    host_us: float | None = None
+    tp_overlap: bool = False
+    ep_overlap: bool = False
+    grad_sync: str = "step"
+    moe_imbalance: float = 1.1
+    dropout: bool = False
+    grad_bytes: int = 4
+    ep_dispatcher: str = "alltoall"
+    attention_kernel: str = "flash2"
+
+    def traffic(self, kind: str) -> float:
+        """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
+        return 1.0 if self.fused else UNFUSED_TRAFFIC[kind]
+
+    def kernels(self, kind: str) -> int:
+        """Kernels issued for an elementwise op of ``kind``."""
+        return 1 if self.fused else UNFUSED_KERNELS[kind]
+
+
+def grad_bytes(plan: Plan) -> int:
+    """Bytes per gradient element in the data-parallel reduction: 16-bit when the plan
+    compresses gradients to fp16/bf16 (``comm.compression``: Megatron's --grad-reduce-in-bf16,
+    FSDP2's reduce_dtype), else fp32 for bf16/fp8 runs (Megatron's fp32 main gradients, FSDP2's
+    fp32 reduce) and fp16 for fp16 runs."""
+    if plan.comm.compression in ("fp16", "bf16"):
+        return 2
+    return 2 if plan.precision == "fp16" else 4
+
+
+def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
+    """The plan's runtime for ``model``; non-None ``CostOptions`` fields override it."""
+    prof = plan.runtime
+    rt = dict(
+        stack=prof.stack, flash_attention=bool(prof.resolved("flash_attention")),
+        fused=bool(prof.resolved("fused_kernels")), compile=prof.compile,
+        host_us=prof.host_us_per_kernel, tp_overlap=bool(prof.resolved("tp_comm_overlap")),
+        ep_overlap=bool(prof.resolved("ep_comm_overlap")),
+        grad_sync=str(prof.resolved("grad_sync")), moe_imbalance=prof.moe_imbalance,
+        dropout=model.has_dropout, grad_bytes=grad_bytes(plan), ep_dispatcher=prof.ep_dispatcher,
+        attention_kernel=str(prof.resolved("attention_kernel")),
+    )
+    if options is not None:
+        for key, attr in (("flash_attention", "flash_attention"), ("dropout", "dropout"),
+                          ("moe_imbalance", "ep_imbalance"), ("grad_bytes", "grad_reduce_bytes"),
+                          ("host_us", "host_us_per_kernel")):
+            value = getattr(options, attr, None)
+            if value is not None:
+                rt[key] = value
+    return Runtime(**rt)

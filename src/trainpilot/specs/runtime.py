@@ -1,0 +1,108 @@
+"""RuntimeProfile: which software executes a Plan, and the choices of that software that change
+its speed (kernel fusion, compilation, communication overlap, when gradients are reduced).
+
+It is part of the Plan ("how"): the same layout runs at different speeds on Megatron-Core with
+Transformer Engine's fused kernels and overlapped communication and on eager PyTorch FSDP2.
+Every field left ``None`` takes the stack's default (``stack_defaults``); the cost model reads
+the resolved values only, so a plan file can name a stack and override one knob.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+from pydantic import NonNegativeFloat
+
+from trainpilot.specs.base import Spec
+from trainpilot.specs.errors import SpecError
+
+Stack = Literal["trainpilot", "pytorch", "megatron", "megatron-legacy", "deepspeed"]
+STACKS: tuple[str, ...] = ("trainpilot", "pytorch", "megatron", "megatron-legacy", "deepspeed")
+
+# What each stack does when the profile does not say (sources in docs/cost_model.md, "Runtime
+# profiles"):
+# * trainpilot: this project's runtime (runtime/parallelize.py): PyTorch FSDP2 / DDP / DTensor
+#   TP in eager mode, SDPA flash attention, unfused norms and activations, gradients reduced
+#   once per step (no_sync / set_requires_gradient_sync(last)), no TP or EP overlap.
+# * pytorch: PyTorch FSDP/FSDP2 training loops (torchtitan, llm-foundry/Composer, NeMo
+#   AutoModel): as trainpilot; ``compile`` and fused kernels are per-run choices.
+# * megatron: Megatron-Core with Transformer Engine: fused norm/activation/RoPE/softmax kernels,
+#   flash attention, distributed-optimizer gradient reduce-scatter per step overlapped with the
+#   backward, parameter all-gather overlapped with the forward; TP and EP overlap per run.
+# * megatron-legacy: 2021-22 Megatron-LM / Megatron-DeepSpeed: unfused (softmax) attention,
+#   apex fused LayerNorm and bias-GeLU, no communication overlap.
+# * deepspeed: DeepSpeed ZeRO: gradients reduced (ZeRO-2: reduce-scattered) after every
+#   micro-batch's backward.
+_DEFAULTS: dict[str, dict[str, object]] = {
+    "trainpilot": dict(flash_attention=True, fused_kernels=False, tp_comm_overlap=False,
+                       ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
+    "pytorch": dict(flash_attention=True, fused_kernels=False, tp_comm_overlap=False,
+                    ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
+    "megatron": dict(flash_attention=True, fused_kernels=True, tp_comm_overlap=False,
+                     ep_comm_overlap=False, grad_sync="step", attention_kernel="fused"),
+    "megatron-legacy": dict(flash_attention=False, fused_kernels=True, tp_comm_overlap=False,
+                            ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
+    "deepspeed": dict(flash_attention=False, fused_kernels=True, tp_comm_overlap=False,
+                      ep_comm_overlap=False, grad_sync="micro_batch", attention_kernel="flash2"),
+}
+
+
+class RuntimeProfile(Spec):
+    """The executing stack and its speed-relevant choices (``None``: the stack's default).
+
+    ``fused_kernels``: norms, activation functions, RoPE, softmax and the loss run as one fused
+    kernel each (Transformer Engine, apex, or ``torch.compile``); off, each is the chain of
+    elementwise kernels eager PyTorch issues. ``compile``: torch.compile (implies fused
+    elementwise kernels and fewer kernel launches). ``host_us_per_kernel``: host time to issue
+    one kernel, replacing the device data's. ``tp_comm_overlap`` / ``ep_comm_overlap``: TP
+    collectives / expert all-to-alls overlapped with independent compute (Megatron's
+    ``--tp-comm-overlap``, ``--overlap-moe-expert-parallel-comm``, DualPipe). ``grad_sync``:
+    gradients reduced once per step at the last micro-batch (``step``: Megatron, DDP no_sync,
+    FSDP2's sync flag) or after every micro-batch (``micro_batch``: DeepSpeed ZeRO-2, FSDP
+    without no_sync). ``moe_imbalance``: tokens on the busiest expert rank over the mean (1.0
+    for force-balanced benchmarks). ``ep_dispatcher``: see the field.
+    """
+
+    stack: Stack = "trainpilot"
+    flash_attention: bool | None = None
+    fused_kernels: bool | None = None
+    compile: bool = False
+    host_us_per_kernel: NonNegativeFloat | None = None
+    tp_comm_overlap: bool | None = None
+    ep_comm_overlap: bool | None = None
+    grad_sync: Literal["step", "micro_batch"] | None = None
+    moe_imbalance: float = pydantic.Field(default=1.1, ge=1.0)
+    # Token dispatch for expert parallelism: "alltoall" (NCCL all-to-all: each token copy
+    # crosses the network once per destination GPU) or "deepep" (DeepSeek's DeepEP /
+    # Megatron's flex dispatcher: one copy per destination node over the network, forwarded
+    # inside the node over NVLink).
+    ep_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    # Which fused attention kernel runs (with flash_attention): FlashAttention-2 (PyTorch's
+    # SDPA, flash_attn 2.x), FlashAttention v1 (flash_attn 1.x, half FA-2's throughput), or
+    # "fused": Transformer Engine / cuDNN fused attention (Megatron-Core's default).
+    attention_kernel: Literal["flash1", "flash2", "fused"] | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> RuntimeProfile:
+        if self.compile and self.stack not in ("trainpilot", "pytorch"):
+            raise SpecError("runtime.compile", True,
+                            f"torch.compile is a PyTorch-stack choice; stack={self.stack!r} "
+                            "fuses its own kernels (valid: stack pytorch or trainpilot)")
+        return self
+
+    def resolved(self, name: str) -> object:
+        """The value of ``name`` after the stack's defaults are applied."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        if name == "fused_kernels" and self.compile:
+            return True
+        return _DEFAULTS[self.stack][name]
+
+
+def stack_defaults(stack: str) -> dict[str, object]:
+    """The defaults of ``stack`` (SpecError for an unknown one)."""
+    if stack not in _DEFAULTS:
+        raise SpecError("runtime.stack", stack, f"valid: {', '.join(STACKS)}")
+    return dict(_DEFAULTS[stack])
