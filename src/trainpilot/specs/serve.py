@@ -146,9 +146,9 @@ class ServePlan(Spec):
     @classmethod
     def _runtime(cls, value):
         if isinstance(value, str):
-            if value not in RUNTIME_PRESETS:
-                raise SpecError("runtime", value, f"valid: {', '.join(RUNTIME_PRESETS)} or a "
-                                "mapping of ServeRuntime fields")
+            if value not in RUNTIME_PRESETS:  # loading.validate names the field and value
+                raise ValueError(f"valid: {', '.join(RUNTIME_PRESETS)} or a mapping of "
+                                 "ServeRuntime fields")
             return RUNTIME_PRESETS[value]
         return value
 
