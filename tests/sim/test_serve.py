@@ -130,7 +130,7 @@ def test_bad_plans_name_the_field():
 
 def test_held_out_error_is_gated_and_reported():
     """>= 10 held-out rows from >= 4 sources; their mean |error| under the committed gate.
-    The issue's target (15%) is not met: the value is printed, not hidden."""
+    Whether the issue's target (15%) is met is reported as measured, not assumed."""
     summary = serve_validation.summarize(serve_validation.run())
     held, cal = summary["held_out"], summary["calibration"]
     assert held["rows"] >= 10 and held["num_sources"] >= 4
@@ -140,11 +140,16 @@ def test_held_out_error_is_gated_and_reported():
 
 
 def test_the_gate_can_fail():
-    """Negative control: half the HBM bandwidth and a third of the GEMM efficiency push the
-    held-out error past the gate."""
-    bad = serve_validation.calibrated_efficiency().replace(hbm_efficiency=0.4,
-                                                           fp8_gemm_scale=0.3)
+    """Negative controls: less than half the KV-streaming bandwidth, or every row costed as
+    if served by today's kernels (no runtime profiles), pushes the held-out error past the
+    gate."""
+    bad = serve_validation.calibrated_efficiency().replace(hbm_efficiency=0.4)
     assert not serve_validation.summarize(serve_validation.run(bad))["passed"]
+    current = [serve_validation.ServeCase(c.source, c.split, c.case_id, c.model, c.cluster,
+                                          c.plan.replace(runtime={}), c.metric, c.measured)
+               for c in serve_validation.load_cases()]
+    summary = serve_validation.summarize(serve_validation.run(cases=current))
+    assert not summary["passed"]
 
 
 def test_calibration_reads_only_calibration_rows(monkeypatch):

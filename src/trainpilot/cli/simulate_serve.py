@@ -31,7 +31,7 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
                    help="use the physics defaults instead of the calibrated efficiency")
     g.add_argument("--validate", action="store_true",
                    help="predict every published serving measurement bundled with trainpilot "
-                        "and print the error per source (held-out target 15%%, gate 30%%; "
+                        "and print the error per source (held-out target 15%%, gate 20%%; "
                         "exit 1 past the gate)")
     g.add_argument("--calibrate", action="store_true",
                    help="refit the efficiency on the calibration sources only and print it")
@@ -156,12 +156,13 @@ def _run_validate(args, eff) -> int:
                       f"{row['bias']:+.1%}")
     console.print(table)
     rows = Table(title="held-out rows", title_justify="left")
-    for col in ("source", "case", "metric", "measured", "predicted", "error", "bound"):
+    for col in ("source", "case", "runtime", "metric", "measured", "predicted", "error",
+                "bound"):
         rows.add_column(col, justify="right" if col in ("measured", "predicted", "error")
                         else "left")
     for r in out["rows"]:
         if r["split"] == "held_out":
-            rows.add_row(r["source"], r["id"], r["metric"], f"{r['measured']:,.1f}",
+            rows.add_row(r["source"], r["id"], r["runtime"], r["metric"], f"{r['measured']:,.1f}",
                          f"{r['predicted']:,.1f}", f"{r['error']:+.1%}",
                          ", ".join(f"{k}: {v}" for k, v in r["reasons"].items()))
     console.print(rows)

@@ -1,19 +1,25 @@
 """The serving cost model: one forward pass of a decode or prefill batch on a serving instance,
 op by op, from FLOPs, HBM bytes (weights and KV cache) and collectives on the topology.
 
-Every op costs max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x efficiency)) and is
-booked under the bound that set it (compute, HBM weights, HBM KV cache); collectives cost what
-``perf.topology.Network`` says for their group's span; each layer pays its kernels' launch gaps
-and each pass a host step overhead. Nothing here is fitted to a case: the efficiency knobs are
-in ``ServeEfficiency`` with their sources, and ``trainpilot.sim.serve_validation`` calibrates
-some of them on the calibration sources only.
+GEMMs cost what their kernel class measured (``GemmKernels``: the roofline of compute and
+weight streaming, plus what the two fail to overlap near the ridge point and a per-GEMM
+latency; constants fitted to DeepGEMM's published table, not to any serving row); the other
+ops cost max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x efficiency)). Each is
+booked under the bound that set it (compute, HBM weights, HBM KV cache, HBM activations);
+collectives cost what ``perf.topology.Network`` says for their group's span; each layer pays
+its kernels' launch gaps (``kernels_per_layer``) and each pass a host step overhead. The plan's
+``runtime`` (``specs.serve.ServeRuntime``) says which GEMM kernel class the stack ships and
+whether its decode attention shares a KV head's reads across its query heads. Nothing here is
+fitted to a case: the knobs are in ``ServeEfficiency`` with their sources, and
+``trainpilot.sim.serve_validation`` calibrates three of them on the calibration sources only.
 
 Per layer, on one device of an attention group of ``tp`` devices with ``rows`` query tokens:
 
 * attention projections: ``2 rows P_attn / tp`` FLOPs over ``P_attn / tp`` weight bytes (MLA's
   absorbed decode reads the same matrices, so the same count);
 * attention core: decode reads each sequence's KV cache once per step, ``seqs x context x
-  kv_bytes_per_token``, and does ``2 rows context heads (d_qk + d_v)`` FLOPs (MLA absorbed:
+  kv_bytes_per_token`` (once per query head, ``heads / kv_heads`` times that, on a runtime
+  without GQA KV reuse), and does ``2 rows context heads (d_qk + d_v)`` FLOPs (MLA absorbed:
   d_qk = kv_lora + rope, d_v = kv_lora, on the latent cache); prefill is FlashAttention,
   ``2 pairs heads (d_qk + d_v)`` FLOPs over the causal query-key pairs;
 * dense MLP: like the projections; MoE: the instance's ``dp_attention x rows`` tokens make
@@ -26,7 +32,8 @@ Per layer, on one device of an attention group of ``tp`` devices with ``rows`` q
   in 16-bit over the instance (``_all_to_all_s``: per-node deduplication in prefill, direct in
   decode, on the cluster's NVLink and network tiers). With two-batch overlap each pass is
   two half passes and the all-to-alls hide behind the other half's compute (only the excess is
-  exposed).
+  exposed); in prefill the all-to-all kernels hold ``a2a_sm_fraction`` of the SMs, so the
+  compute they overlap runs that much slower.
 
 KV cache per token: GQA ``layers x 2 x ceil(kv_heads / tp) x head_dim x bytes`` per device; MLA
 ``layers x (kv_lora + rope) x bytes``, replicated over the TP group (which is why DP attention
@@ -51,40 +58,96 @@ CATEGORIES = ("compute", "hbm_weights", "hbm_kv", "hbm_activations", "tp_collect
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeEfficiency:
-    """Achieved fractions and fixed costs of a serving stack (units in the names).
+class GemmKernels:
+    """A GEMM kernel class as measured (``ServeRuntime.gemm_kernels`` names one).
 
-    Defaults and their sources: ``hbm_efficiency`` None uses the device curve's (0.75 for the
-    H100 family; FlashMLA reports 3,000 of 3,350 GB/s, 0.90, on H800 for memory-bound decode
-    attention); ``decode_attention_efficiency`` 0.59 of the 16-bit peak is FlashMLA's
-    compute-bound figure (580 TFLOP/s on H800); ``prefill_attention_efficiency`` None uses the
-    curve's FlashAttention figure (0.42 on H100: FlashAttention-2); 8-bit GEMMs run at
-    ``fp8_gemm_scale`` x the 16-bit curve's fraction of their own (doubled) peak; a CUDA-graph
-    replay leaves ``kernel_gap_us`` between consecutive kernels, ``kernels_per_layer`` of them;
-    ``step_overhead_s`` is host time per pass not hidden by asynchronous scheduling;
-    ``moe_imbalance`` is the busiest device's expert rows over the mean (1: perfect balance).
+    One GEMM of ``M`` rows (``groups`` of them in a grouped GEMM) takes ``max(c, m) +
+    overlap_loss x min(c, m) + latency_us``: ``c`` the FLOPs of the rows padded to the 64-row
+    tensor-core tile over ``fp8_efficiency`` x the 8-bit dense peak (16-bit GEMMs:
+    ``ServeEfficiency.gemm_efficiency`` x the 16-bit peak), ``m`` the weight and activation
+    bytes over ``hbm_efficiency`` x the HBM bandwidth. The plain roofline max is what a GEMM
+    would take if streaming and tensor cores overlapped perfectly; near the ridge point (decode
+    batches of 100-1,000 rows) they do not, and the per-kernel latency shows in small GEMMs.
     """
 
-    hbm_efficiency: float | None = None
+    fp8_efficiency: float
+    hbm_efficiency: float
+    overlap_loss: float
+    latency_us: float
+
+
+# Least-squares fits (log time) to DeepGEMM's published FP8 table on H800 (sim/data/
+# serve_gemm.yaml; the 22 shapes with N >= 4,096 and K >= 1,536, 64 to 8,192 rows; refit:
+# trainpilot.sim.serve_gemm.fit_gemm): "deepgemm" on DeepGEMM's own times (mean |error| 6.0%),
+# "cutlass-3.6" on its times x its speedup column, DeepSeek's tuned CUTLASS 3.6 implementation
+# of the same GEMMs (7.3%).
+GEMM_KERNELS = {
+    "deepgemm": GemmKernels(fp8_efficiency=0.668, hbm_efficiency=0.952, overlap_loss=0.537,
+                            latency_us=0.94),
+    "cutlass-3.6": GemmKernels(fp8_efficiency=0.570, hbm_efficiency=0.656, overlap_loss=0.302,
+                               latency_us=4.79),
+}
+TILE_ROWS = 64  # a Hopper warpgroup MMA's M: rows are computed in multiples of it
+
+
+def gemm_seconds(kernels: GemmKernels, peak_flops: float, hbm_bytes_per_s: float, *,
+                 rows: float, n: float, k: float, weight_bytes: float, act_bytes: float = 2.0,
+                 groups: float = 1.0) -> tuple[float, float, bool]:
+    """(seconds, HBM bytes, compute-bound?) of ``groups`` GEMMs of ``rows`` x ``k`` activations
+    (``act_bytes`` each) by ``k`` x ``n`` weights (``weight_bytes`` each) into 16-bit outputs,
+    at ``peak_flops`` x the kernel class's efficiency (``GemmKernels`` has the form)."""
+    padded = math.ceil(rows / TILE_ROWS - 1e-9) * TILE_ROWS
+    compute = 2.0 * padded * n * k * groups / peak_flops
+    num_bytes = (n * k * weight_bytes + rows * k * act_bytes + rows * n * 2.0) * groups
+    memory = num_bytes / (hbm_bytes_per_s * kernels.hbm_efficiency)
+    seconds = (max(compute, memory) + kernels.overlap_loss * min(compute, memory)
+               + kernels.latency_us * 1e-6)
+    return seconds, num_bytes, compute >= memory
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeEfficiency:
+    """Achieved fractions and fixed costs of a serving stack (units in the names); the GEMMs'
+    are the runtime's kernel class (``GEMM_KERNELS``), measured, not fitted here.
+
+    Defaults and their sources: ``gemm_efficiency`` 0.80 is the large 16-bit GEMM's share of
+    the 16-bit peak (~794 TFLOP/s "maximum achievable matmul" of an H100 SXM, Bekman,
+    ml-engineering); ``hbm_efficiency`` 0.90 is the achieved share of HBM bandwidth of
+    KV-cache streaming and memory-bound elementwise kernels (FlashMLA reports 3,000 of 3,350
+    GB/s on H800 for decode attention; the calibration rows cannot tell 0.88 from 0.95, so it
+    is not fitted); ``decode_attention_efficiency`` 0.59 of the 16-bit peak is FlashMLA's
+    compute-bound figure (580 TFLOP/s on H800);
+    ``prefill_attention_efficiency`` None uses the curve's FlashAttention figure (0.42 on H100:
+    FlashAttention-2); a CUDA-graph replay leaves ``kernel_gap_us`` between consecutive
+    kernels (``kernels_per_layer`` counts them); ``step_overhead_s`` is host time per pass not
+    hidden by asynchronous scheduling; ``moe_imbalance`` is the busiest device's expert rows
+    over the mean (1: perfect balance); ``a2a_sm_fraction`` of the SMs run the prefill
+    all-to-all while it overlaps compute (20 of an H800's 132 saturate IB and NVLink: DeepSeek-V3
+    report, sec. 3.2.2; DeepEP's low-latency decode kernels occupy none).
+    """
+
+    hbm_efficiency: float = 0.90
     decode_attention_efficiency: float = 0.59
     prefill_attention_efficiency: float | None = None
-    fp8_gemm_scale: float = 1.0
+    gemm_efficiency: float = 0.80
     kernel_gap_us: float = 2.0
-    kernels_per_layer: int = 12
     step_overhead_s: float = 0.0
     moe_imbalance: float = 1.0
+    a2a_sm_fraction: float = 20 / 132
     workspace_gib: float = 2.0  # activations, CUDA graphs, communication buffers
 
     def __post_init__(self) -> None:
-        for name in ("decode_attention_efficiency", "fp8_gemm_scale"):
-            if not 0 < getattr(self, name) <= 2:
-                raise SpecError(name, getattr(self, name), "valid: (0, 2]")
-        for name in ("hbm_efficiency", "prefill_attention_efficiency"):
+        if not 0 < self.decode_attention_efficiency <= 2:
+            raise SpecError("decode_attention_efficiency", self.decode_attention_efficiency,
+                            "valid: (0, 2]")
+        for name in ("hbm_efficiency", "prefill_attention_efficiency", "gemm_efficiency"):
             value = getattr(self, name)
             if value is not None and not 0 < value <= 1:
                 raise SpecError(name, value, "valid: (0, 1]")
         if self.moe_imbalance < 1:
             raise SpecError("moe_imbalance", self.moe_imbalance, "valid: >= 1")
+        if not 0 <= self.a2a_sm_fraction < 1:
+            raise SpecError("a2a_sm_fraction", self.a2a_sm_fraction, "valid: [0, 1)")
         for name in ("kernel_gap_us", "step_overhead_s", "workspace_gib"):
             if getattr(self, name) < 0:
                 raise SpecError(name, getattr(self, name), "valid: >= 0")
@@ -129,37 +192,44 @@ class PassCost:
 
 @dataclass(frozen=True)
 class _Hw:
-    """The device and wires as the serving model uses them."""
+    """The device, wires and kernels as the serving model uses them."""
 
     peak_16: float
-    peak_gemm: float
-    hbm_bw: float
+    gemm_peak: float  # the weights' dtype's dense peak x the kernels' efficiency, FLOP/s
+    gemm_peak_16: float  # the same for 16-bit GEMMs (embedding head, router)
+    gemm_act_bytes: float  # bytes per activation element a GEMM reads (8-bit GEMMs quantize)
+    kernels: GemmKernels
+    hbm_raw: float  # nominal HBM bytes/s
+    hbm_bw: float  # achieved by KV-cache and elementwise kernels
     hbm_bytes: float
     reserved_bytes: float
-    curve: object
     net: Network
     devices_per_node: int
     nodes_per_rack: int
-    gemm_scale: float
     prefill_attn_eff: float
+    gqa_kv_reuse: bool
 
 
 def _hw(cluster: ClusterSpec, plan: ServePlan, eff: ServeEfficiency) -> _Hw:
     curve = curve_for(cluster)
     dev = cluster.device
+    kernels = GEMM_KERNELS[plan.runtime.gemm_kernels]
     eight_bit = plan.weight_dtype in ("fp8", "fp4")
-    peak_gemm = dev.peak_flops("fp8" if eight_bit else "bf16")
-    hbm_eff = eff.hbm_efficiency if eff.hbm_efficiency is not None else curve.hbm_efficiency
+    gemm_peak = (dev.peak_flops("fp8") * kernels.fp8_efficiency if eight_bit
+                 else dev.peak_flops("bf16") * eff.gemm_efficiency)
+    hbm = dev.hbm_gbytes_per_s * 1e9
     return _Hw(
-        peak_16=dev.peak_flops("bf16"), peak_gemm=peak_gemm,
-        hbm_bw=dev.hbm_gbytes_per_s * 1e9 * hbm_eff, hbm_bytes=dev.hbm_gib * GIB,
+        peak_16=dev.peak_flops("bf16"), gemm_peak=gemm_peak,
+        gemm_peak_16=dev.peak_flops("bf16") * eff.gemm_efficiency,
+        gemm_act_bytes=1.0 if eight_bit else 2.0, kernels=kernels, hbm_raw=hbm,
+        hbm_bw=hbm * eff.hbm_efficiency, hbm_bytes=dev.hbm_gib * GIB,
         reserved_bytes=curve.reserved_gib * GIB,
-        curve=curve, net=Network.of(cluster, curve.collective_library),
+        net=Network.of(cluster, curve.collective_library),
         devices_per_node=cluster.devices_per_node, nodes_per_rack=int(cluster.nodes_per_rack),
-        gemm_scale=eff.fp8_gemm_scale if eight_bit else 1.0,
         prefill_attn_eff=(eff.prefill_attention_efficiency
                           if eff.prefill_attention_efficiency is not None
                           else curve.flash_attention_efficiency),
+        gqa_kv_reuse=plan.runtime.gqa_kv_reuse,
     )
 
 
@@ -170,19 +240,22 @@ def _span(hw: _Hw, size: int) -> GroupSpan:
 
 
 def _gemm(cost: PassCost, hw: _Hw, rows: float, params: float, weight_bytes: float, *,
-          times: float = 1.0, pieces: int = 1) -> None:
-    """``rows`` token rows through a ``params``-weight linear map (``pieces`` GEMMs of equal
-    size): compute at the curve's efficiency for one piece's FLOPs, or the weights' bytes."""
+          pieces: int = 1, groups: float = 1.0) -> None:
+    """``rows`` token rows through a ``params``-weight linear map made of ``pieces`` square
+    GEMMs of equal size (``groups`` of them side by side in one grouped GEMM, as an MoE
+    layer's experts: ``rows`` and ``params`` are then per group), booked under compute or HBM
+    weights by its bound (``gemm_seconds``)."""
     if rows <= 0 or params <= 0:
         return
-    flops = 2.0 * rows * params
-    one = flops / pieces
-    compute = flops / (hw.peak_gemm * min(1.0, hw.curve.gemm_efficiency(one) * hw.gemm_scale))
-    num_bytes = params * weight_bytes + 2.0 * 2.0 * rows * math.sqrt(params) * pieces
-    memory = num_bytes / hw.hbm_bw
-    cost.add("compute" if compute >= memory else "hbm_weights", max(compute, memory), times)
-    cost.flops += flops * times
-    cost.hbm_bytes += num_bytes * times
+    side = math.sqrt(params / pieces)
+    eight_bit = weight_bytes < 2
+    seconds, num_bytes, bound = gemm_seconds(
+        hw.kernels, hw.gemm_peak if eight_bit else hw.gemm_peak_16, hw.hbm_raw, rows=rows,
+        n=side, k=side, weight_bytes=weight_bytes,
+        act_bytes=hw.gemm_act_bytes if eight_bit else 2.0, groups=groups)
+    cost.add("compute" if bound else "hbm_weights", seconds, pieces)
+    cost.flops += 2.0 * rows * params * groups
+    cost.hbm_bytes += num_bytes * pieces
 
 
 def _all_to_all_s(hw: _Hw, size: int, tokens: float, top_k: int, token_bytes: float, *,
@@ -293,6 +366,9 @@ def _layer(model: ModelSpec, layout: InstanceLayout, plan: ServePlan, hw: _Hw,
         dqk, dv = _attention_dims(model, decode=True)
         flops = 2.0 * shape.decode_rows * shape.context * heads * (dqk + dv)
         num_bytes = shape.decode_seqs * shape.context * kv_layer
+        if not hw.gqa_kv_reuse and model.mla is None:
+            # Masked MHA: each query head's thread block streams its KV head's cache.
+            num_bytes *= heads / math.ceil(model.kv_heads / t)
         compute = flops / (hw.peak_16 * eff.decode_attention_efficiency)
         memory = num_bytes / hw.hbm_bw
         cost.add("compute" if compute >= memory else "hbm_kv", max(compute, memory))
@@ -313,17 +389,11 @@ def _layer(model: ModelSpec, layout: InstanceLayout, plan: ServePlan, hw: _Hw,
         dev_rows = tokens * moe.top_k / layout.ep * imbalance
         local = (moe.num_experts + layout.num_redundant_experts) / layout.ep
         active = 1.0 - (1.0 - moe.top_k / moe.num_experts) ** tokens
-        per_expert = dev_rows / max(local * active, 1e-9)
-        params = expert / layout.expert_tp
-        flops = 2.0 * dev_rows * params
-        one = 2.0 * per_expert * params / 3  # one of an expert's three GEMMs
-        compute = flops / (hw.peak_gemm * min(1.0, hw.curve.gemm_efficiency(one)
-                                              * hw.gemm_scale))
-        num_bytes = local * active * params * wb
-        memory = num_bytes / hw.hbm_bw
-        cost.add("compute" if compute >= memory else "hbm_weights", max(compute, memory))
-        cost.flops += flops
-        cost.hbm_bytes += num_bytes
+        # The busiest device runs each of its ``local x active`` receiving experts' three
+        # GEMMs on its share of the rows.
+        num_active = local * active
+        _gemm(cost, hw, dev_rows / max(num_active, 1e-9), expert / layout.expert_tp, wb,
+              pieces=3, groups=num_active)
         if moe.num_shared_experts:
             _gemm(cost, hw, rows, mlp_params(model, moe.shared_width) / t, wb, pieces=3)
         _gemm(cost, hw, rows, h * moe.num_experts, 2.0)  # router, 16-bit
@@ -355,8 +425,19 @@ def _layer(model: ModelSpec, layout: InstanceLayout, plan: ServePlan, hw: _Hw,
     if t > 1:
         reduces = 1 if (moe_layer and d > 1) else 2
         cost.add("tp_collectives", hw.net.all_reduce_s(_span(hw, t), rows * h * 2.0), reduces)
-    cost.add("overhead", eff.kernels_per_layer * eff.kernel_gap_us * 1e-6)
+    cost.add("overhead", kernels_per_layer(model, moe_layer) * eff.kernel_gap_us * 1e-6)
     return cost, a2a
+
+
+def kernels_per_layer(model: ModelSpec, moe_layer: bool) -> int:
+    """Kernels one decoder layer launches, by its parts: GQA attention 6 (norm, QKV GEMM,
+    RoPE and cache write, attention, output GEMM, residual); MLA 12 (norm, q_a GEMM, q norm,
+    q_b GEMM, kv_a GEMM, kv norm, RoPE and cache write, the absorbed W_UK product, attention,
+    the W_UV product, output GEMM, residual); dense MLP 6 (norm, gate-up GEMM, activation,
+    down GEMM, residual, quantize); MoE 14 (norm, router GEMM, top-k, dispatch send and
+    receive, two grouped GEMMs, activation, combine send and receive, three shared-expert
+    kernels, residual)."""
+    return (12 if model.mla is not None else 6) + (14 if moe_layer else 6)
 
 
 def pass_cost(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, layout: InstanceLayout,
@@ -373,8 +454,12 @@ def pass_cost(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, layout: I
         layer, a2a = _layer(model, layout, plan, hw, eff, part, moe_layer)
         if halves == 2:  # the other half's compute hides each half's all-to-all
             exposed = max(0.0, a2a - layer.total_s)
+            # Prefill's dispatch and combine kernels (DeepEP's normal ones) run on SMs, so the
+            # compute they overlap runs on the rest; decode's low-latency kernels use none.
+            share = eff.a2a_sm_fraction if shape.prefill_rows else 0.0
+            slowed = min(a2a, layer.total_s) * share / (1.0 - share)
             layer = layer.scaled(2.0)
-            layer.add("all_to_all", 2 * exposed)
+            layer.add("all_to_all", 2 * (exposed + slowed))
         else:
             layer.add("all_to_all", a2a)
         total = total.merged(layer.scaled(count))

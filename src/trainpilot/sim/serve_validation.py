@@ -25,20 +25,23 @@ from trainpilot.specs import ClusterSpec, ModelSpec, SpecError, load_cluster, lo
 from trainpilot.specs.loading import validate
 from trainpilot.specs.serve import ServePlan
 
-HELD_OUT_TARGET = 0.15  # issue 19's target for the held-out mean |error| (not met: ~28%)
-HELD_OUT_GATE = 0.30  # the committed gate: fails if the model gets worse than it is
+HELD_OUT_TARGET = 0.15  # issue 19's target for the held-out mean |error| (not met: 17.7%)
+HELD_OUT_GATE = 0.20  # the committed gate: fails if the model gets worse than it is
 _DATA = "serve_validation.yaml"
 _CALIBRATION = "serve_calibration.yaml"
 _CASE_KEYS = {"id", "model", "cluster", "plan", "metric", "measured"}
 _SOURCE_KEYS = {"title", "url", "licence", "split", "how", "defaults", "cases"}
 METRICS = ("output_tokens_per_s_per_instance", "output_tokens_per_s_per_device",
            "output_tokens_per_s_per_node", "input_tokens_per_s_per_node", "ttft_ms")
-# The efficiency fields `calibrate` fits, with their bounds.
-# decode_attention_efficiency stays at FlashMLA's published figure (not fitted: only MoE rows
-# exercise it, and they are few).
-FITTED = {"fp8_gemm_scale": (0.3, 1.2), "hbm_efficiency": (0.5, 0.92),
-          "prefill_attention_efficiency": (0.3, 0.8), "moe_imbalance": (1.0, 3.0),
+# The efficiency fields `calibrate` fits, with their bounds, and where the fit starts: the
+# published figure each one stands for (FlashAttention-3's ~500 TFLOP/s causal BF16 forward on
+# H100, 0.5 of the peak; LMSYS's EPLB balancedness plot, ~1.5; a CUDA-graph kernel boundary,
+# ~2 us). Not fitted: the GEMMs (their measured kernel class, perf.serve.GEMM_KERNELS),
+# decode_attention_efficiency (FlashMLA's 0.59) and hbm_efficiency (FlashMLA's 0.90; the
+# calibration rows leave it undetermined between 0.88 and 0.95, mean |error| 5.33-5.36%).
+FITTED = {"prefill_attention_efficiency": (0.3, 0.8), "moe_imbalance": (1.0, 3.0),
           "kernel_gap_us": (0.0, 20.0)}
+START = {"prefill_attention_efficiency": 0.5, "moe_imbalance": 1.5, "kernel_gap_us": 2.0}
 
 
 @dataclass(frozen=True)
@@ -169,18 +172,20 @@ def summarize(results: list[ServeResult]) -> dict[str, Any]:
 
 def calibrate(cases: list[ServeCase] | None = None, *, start: ServeEfficiency | None = None,
               ) -> tuple[ServeEfficiency, float]:
-    """Fit ``FITTED`` on the calibration rows only (scipy Powell on the mean |log ratio|);
-    returns the efficiency and its calibration mean |error|. Held-out rows are never read."""
+    """Fit ``FITTED`` on the calibration rows only (scipy Powell on the mean |log ratio|, from
+    ``START``); returns the efficiency and its calibration mean |error|. Held-out rows are
+    never read."""
     from scipy.optimize import minimize
 
     rows = [c for c in (cases if cases is not None else _bundled_cases())
             if c.split == "calibration"]
-    base = start or ServeEfficiency()
+    base = start or ServeEfficiency(**START)
     names = list(FITTED)
-    x0 = [getattr(base, n) if getattr(base, n) is not None else 0.6 for n in names]
+    x0 = [getattr(base, n) if getattr(base, n) is not None else START[n] for n in names]
 
     def eff_of(x) -> ServeEfficiency:
-        clipped = {n: min(max(v, FITTED[n][0]), FITTED[n][1]) for n, v in zip(names, x)}
+        clipped = {n: round(min(max(float(v), FITTED[n][0]), FITTED[n][1]), 4)
+                   for n, v in zip(names, x)}
         return base.replace(**clipped)
 
     def loss(x) -> float:
@@ -202,6 +207,7 @@ def validate_serving(eff: ServeEfficiency | None = None) -> dict[str, Any]:
     results = run(eff)
     return dict(summary=summarize(results),
                 rows=[dict(source=r.case.source, split=r.case.split, id=r.case.case_id,
+                           runtime=r.case.plan.runtime.name,
                            metric=r.case.metric, measured=r.case.measured,
                            predicted=r.predicted, error=r.error,
                            reasons={k: v.reason for k, v in r.report.phases.items()})

@@ -77,6 +77,39 @@ class SpeculativeSpec(Spec):
         return 1.0 + sum(self.acceptance ** i for i in range(1, self.num_draft_tokens + 1))
 
 
+class ServeRuntime(Spec):
+    """The serving software stack, where its kernels change the physics (a "runtime
+    profile"). Everything else about a stack (achieved bandwidths, launch gaps) is in
+    ``trainpilot.perf.serve.ServeEfficiency``, calibrated on the calibration sources.
+
+    ``gemm_kernels`` names the measured GEMM kernel class whose small-batch behaviour the cost
+    model uses (``trainpilot.perf.serve.GEMM_KERNELS``): "deepgemm" (DeepSeek's DeepGEMM, 2025,
+    and the FP8 GEMMs of its generation), "cutlass-3.6" (DeepSeek's tuned CUTLASS 3.6
+    implementation of the same GEMMs as DeepGEMM's README measured it: 1.4-2.7x slower at
+    64-128 rows, 1.0-1.3x at 4,096; the best Hopper FP8 GEMMs before 2025 published shape by
+    shape, so no slower than what 2023 releases shipped).
+
+    ``gqa_kv_reuse``: the decode attention kernel reads each KV head once for all the query
+    heads that share it (TensorRT-LLM's XQA from v0.7, FlashInfer, FlashAttention, FlashMLA);
+    False: once per query head, as TensorRT-LLM's masked multi-head attention kernel does, the
+    only generation kernel up to v0.6 (one thread block per query head and sequence, loading
+    its KV head's cache; the v0.7 XQA blog: 2.4x on Llama-70B at 128/2048)."""
+
+    name: str = "current"
+    gemm_kernels: Literal["deepgemm", "cutlass-3.6"] = "deepgemm"
+    gqa_kv_reuse: bool = True
+
+
+# Runtime profiles of the stacks the validation rows were measured on (each documented above).
+RUNTIME_PRESETS: dict[str, dict] = {
+    "current": dict(name="current"),
+    # TensorRT-LLM v0.5/v0.6 (Oct-Nov 2023): masked MHA decode attention, 2023 GEMMs.
+    "trtllm-0.5": dict(name="trtllm-0.5", gemm_kernels="cutlass-3.6", gqa_kv_reuse=False),
+    # TensorRT-LLM v0.7 (Dec 2023): XQA for GQA decode attention, 2023 GEMMs.
+    "trtllm-0.7": dict(name="trtllm-0.7", gemm_kernels="cutlass-3.6", gqa_kv_reuse=True),
+}
+
+
 class ServePlan(Spec):
     """How a model is served. See the module docstring for the layout's meaning."""
 
@@ -106,6 +139,18 @@ class ServePlan(Spec):
     # Busiest device's expert rows over the mean; None: the calibrated stack's (EPLB-like
     # placement). 1.0 for a perfectly balanced router (DeepSeek's profiles simulate one).
     moe_imbalance: float | None = pydantic.Field(default=None, ge=1)
+    # The software stack's kernels: a RUNTIME_PRESETS name or a ServeRuntime mapping.
+    runtime: ServeRuntime = ServeRuntime()
+
+    @pydantic.field_validator("runtime", mode="before")
+    @classmethod
+    def _runtime(cls, value):
+        if isinstance(value, str):
+            if value not in RUNTIME_PRESETS:  # loading.validate names the field and value
+                raise ValueError(f"valid: {', '.join(RUNTIME_PRESETS)} or a mapping of "
+                                 "ServeRuntime fields")
+            return RUNTIME_PRESETS[value]
+        return value
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ServePlan:

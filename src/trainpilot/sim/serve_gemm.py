@@ -1,0 +1,72 @@
+"""The GEMM kernel classes of the serving cost model, refit from their published measurements.
+
+``perf.serve.GEMM_KERNELS`` holds, per kernel class, the four constants of the cost model's
+GEMM form (``perf.serve.GemmKernels``). They come from DeepGEMM's published FP8 table on H800
+(``data/serve_gemm.yaml``): ``fit_gemm("deepgemm")`` fits DeepGEMM's own times,
+``fit_gemm("cutlass-3.6")`` its times x the speedup column (DeepSeek's tuned CUTLASS 3.6
+implementation of the same GEMMs). Least squares on log time over the shapes the form
+describes: N >= 4,096 and K >= 1,536 (22 of the 28; a shape with fewer output tiles than SMs
+or a K this short is bound by tile count or by its epilogue, which the form does not model).
+No serving measurement is read.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from trainpilot.perf.serve import GemmKernels, gemm_seconds
+
+MIN_N, MIN_K = 4096, 1536
+
+
+@lru_cache(maxsize=1)
+def load_table() -> dict[str, Any]:
+    """The bundled DeepGEMM table (source, device, rows)."""
+    text = resources.files("trainpilot.sim").joinpath("data", "serve_gemm.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _rows(kind: str) -> list[tuple[float, float, float, float, float]]:
+    """(groups, M, N, K, measured seconds) of the fitted shapes for ``kind``."""
+    out = []
+    for groups, m, n, k, tflops, speedup in load_table()["rows"]:
+        if n < MIN_N or k < MIN_K:
+            continue
+        seconds = 2.0 * groups * m * n * k / (tflops * 1e12)
+        out.append((groups, m, n, k, seconds * (speedup if kind == "cutlass-3.6" else 1.0)))
+    return out
+
+
+def _predict(kernels: GemmKernels, groups: float, m: float, n: float, k: float) -> float:
+    dev = load_table()["source"]["device"]
+    seconds, _, _ = gemm_seconds(kernels, dev["peak_tflops"] * 1e12 * kernels.fp8_efficiency,
+                                 dev["hbm_gbytes_per_s"] * 1e9, rows=m, n=n, k=k,
+                                 weight_bytes=1.0, act_bytes=1.0, groups=groups)
+    return seconds
+
+
+def fit_errors(kernels: GemmKernels, kind: str) -> list[float]:
+    """log(predicted / measured) time of each fitted shape."""
+    return [math.log(_predict(kernels, g, m, n, k) / t) for g, m, n, k, t in _rows(kind)]
+
+
+def fit_gemm(kind: str) -> tuple[GemmKernels, float]:
+    """The least-squares ``GemmKernels`` for ``kind`` ("deepgemm" or "cutlass-3.6") and its
+    mean |error| on the fitted shapes."""
+    from scipy.optimize import least_squares
+
+    def of(x) -> GemmKernels:
+        return GemmKernels(fp8_efficiency=x[0], hbm_efficiency=x[1], overlap_loss=x[2],
+                           latency_us=x[3])
+
+    best = least_squares(lambda x: fit_errors(of(x), kind), [0.7, 0.85, 0.3, 3.0],
+                         bounds=([0.3, 0.3, 0.0, 0.0], [1.0, 1.0, 1.0, 30.0]))
+    kernels = of(best.x)
+    mape = statistics.mean(abs(math.expm1(e)) for e in fit_errors(kernels, kind))
+    return kernels, mape
