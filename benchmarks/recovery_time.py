@@ -113,6 +113,14 @@ SCENARIOS = {
 }
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of finished child processes (and theirs), user + system."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -127,10 +135,13 @@ def main() -> int:
         samples = []
         for _ in range(args.repeats):
             work = Path(tempfile.mkdtemp(prefix="tp-recovery-"))
+            wall0, cpu0 = time.monotonic(), _children_cpu_s()
             try:
-                samples.append(run(work))
+                sample = run(work)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
+            sample.update(run_wall_s=time.monotonic() - wall0, run_cpu_s=_children_cpu_s() - cpu0)
+            samples.append(sample)
         rows[name] = samples
         med = statistics.median(s["recovery_s"] for s in samples)
         print(f"{name}: {med:.2f} s", flush=True)
@@ -151,7 +162,8 @@ def _table(rows: dict, load: float) -> str:
              f"# tiny-gpt, DDP on 2 gloo ranks, snapshot every {EVERY} steps, fault at step "
              f"{FAULT_STEP}; medians over {len(rows[base_name])} runs (min-max)",
              f"{'path':30} {'fault -> next step, s':>24} {'detect':>7} {'rdzv':>6} "
-             f"{'rebuild':>7} {'restore':>7} {'from':>8} {'lost steps':>10} {'vs torchrun':>12}"]
+             f"{'rebuild':>7} {'restore':>7} {'from':>8} {'lost steps':>10} {'vs torchrun':>12} "
+             f"{'whole run: wall s':>17} {'CPU s':>6}"]
     for name, samples in rows.items():
         rec = [s["recovery_s"] for s in samples]
         speedup = "" if name == base_name else f"{base / med(rec):.1f}x faster"
@@ -160,7 +172,8 @@ def _table(rows: dict, load: float) -> str:
         cells = " ".join(f"{v:7.2f}" if v is not None else f"{'-':>7}" for v in parts)
         lines.append(f"{name:30} {med(rec):11.2f} ({min(rec):5.2f}-{max(rec):5.2f}) {cells} "
                      f"{samples[0]['source']:>8} {med([s['lost_steps'] for s in samples]):10.0f} "
-                     f"{speedup:>12}")
+                     f"{speedup:>12} {med([s['run_wall_s'] for s in samples]):17.1f} "
+                     f"{med([s['run_cpu_s'] for s in samples]):6.1f}")
     return "\n".join(lines) + "\n"
 
 
