@@ -112,3 +112,18 @@ def test_a_schema_1_store_reopened_for_writing_gets_its_summaries(tmp_path):
     for width in WIDTHS:
         assert _stored(conn, metric_key("loss"), width) == _brute(conn, metric_key("loss"), width)
     assert conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+
+
+def test_vectorised_downsampling_gives_the_points_of_the_per_bucket_summaries():
+    rng = random.Random(3)
+    rows = [(s, None if s % 53 == 0 else (math.inf if s == 77 else rng.random()))
+            for s in range(1, 3001)]
+    points, down = rollup.downsample_rows(rows, 400)
+    assert down
+    size = math.ceil(len(rows) / 100)
+    expected = []
+    for i in range(0, len(rows), size):
+        rollup._m4(expected, summarise(rows[i:i + size]))
+    assert points == expected
+    heat, _ = rollup.downsample_rows(rows, 100, mode="max")
+    assert heat[0] == (1, max(v for s, v in rows[:30] if v is not None and math.isfinite(v)))

@@ -46,7 +46,7 @@ def test_report_is_self_contained_and_embeds_the_store(known_run):
     assert refs.external_scripts == 0
     assert all(u.startswith(("#", "data:")) for u in refs.urls), refs.urls
     assert not re.search(r"https?://(?!www\.w3\.org)[^\s\"'<>]+\.(js|css)\b", text)
-    assert "plotly.js v" in text  # the library is inlined
+    assert "plotly.js (cartesian - minified) v" in text  # the library is inlined
     with RunStore.open_readonly(known_run) as store:
         expected = run_data(store)
     assert embedded_data(text) == json.loads(json.dumps(expected))

@@ -11,7 +11,7 @@ Security model (a local tool that may be exposed on purpose):
   once, answered with a redirect that drops it from the address and sets an HttpOnly,
   SameSite=Strict cookie named per port holding a keyed hash of the token.
 - Every answer carries a Content-Security-Policy that allows only this origin's scripts: plotly.js
-  is served from the installed ``plotly`` package, never a CDN.
+  is served from the package's own vendored copy, never a CDN.
 """
 
 from __future__ import annotations
@@ -58,11 +58,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+VENDOR_DIR = Path(str(resources.files("trainpilot.ui") / "vendor"))
+
+
 def plotly_js_path() -> Path:
-    """plotly.js as shipped inside the ``plotly`` Python package (served and inlined by us)."""
-    path = Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
+    """plotly.js (the cartesian bundle, vendored with its licence: ui/vendor/README.md), served
+    by the dashboard and inlined in reports."""
+    path = VENDOR_DIR / "plotly-cartesian.min.js"
     if not path.is_file():
-        raise FileNotFoundError(f"plotly.min.js not found at {path}; reinstall 'plotly'")
+        raise FileNotFoundError(f"plotly.js not found at {path}; reinstall trainpilot")
     return path
 
 

@@ -99,8 +99,8 @@
     return `${path}?${q.toString()}`;
   }
 
-  async function getJson(url) {
-    const resp = await fetch(url, {credentials: "same-origin", cache: "no-store"});
+  async function getJson(url, started) {
+    const resp = await (started || fetch(url, {credentials: "same-origin", cache: "no-store"}));
     if (!resp.ok) throw new Error(`${resp.status} ${(await resp.text()).slice(0, 200)}`);
     return resp.json();
   }
@@ -112,7 +112,10 @@
       else if (cursor.step !== null) since.since_step = cursor.step;
       if (cursor.event) since.since_event = cursor.event;
     }
-    const d = await getJson(apiUrl("/api/run", since));
+    // The first read was started by prefetch.js while plotly.js was being parsed.
+    const first = !cursor && window.trainpilotFirst;
+    window.trainpilotFirst = null;
+    const d = await getJson(apiUrl("/api/run", since), first || null);
     // A rollback or restart (restored step), or a re-run process (run_resumed) with nothing
     // to restore, rewrites steps: read everything again. So does a live tail grown long.
     const rewritten = d.events.some((e) => e.kind === "restart" || e.kind === "run_resumed");
