@@ -127,3 +127,16 @@ def test_vectorised_downsampling_gives_the_points_of_the_per_bucket_summaries():
     assert points == expected
     heat, _ = rollup.downsample_rows(rows, 100, mode="max")
     assert heat[0] == (1, max(v for s, v in rows[:30] if v is not None and math.isfinite(v)))
+
+
+def test_vectorised_combination_equals_combining_bucket_by_bucket(tmp_path):
+    _write(tmp_path, num_steps=5000)
+    conn = sqlite3.connect(tmp_path / "trainpilot.db")
+    rows = conn.execute(f"SELECT {rollup.BUCKET_COLUMNS} FROM rollups WHERE key=? AND width=64 "
+                        "ORDER BY bucket", (metric_key("loss"),)).fetchall()
+    for group, mode in ((3, "m4"), (7, "m4"), (5, "max")):
+        expected: list = []
+        buckets = [rollup.Bucket.from_row(r) for r in rows]
+        for i in range(0, len(buckets), group):
+            rollup._emit(expected, rollup.combine(buckets[i:i + group]), mode)
+        assert rollup._combine_rows(rows, group, mode) == expected

@@ -300,9 +300,53 @@ def read_window(conn: sqlite3.Connection, key: str, lo: int, hi: int, max_points
                         (key, width, lo // width, hi // width)).fetchall()
     if sum(r[0] for r in rows) <= max_points:  # sparse series (per-layer rows every N steps)
         return downsample_rows(raw_reader(conn)(key, lo, hi), max_points, mode=mode)
-    buckets = [Bucket.from_row(r) for r in rows]
-    group = max(1, math.ceil(len(buckets) / target))
+    return _combine_rows(rows, max(1, math.ceil(len(rows) / target)), mode), True
+
+
+def _combine_rows(rows: list[tuple], group: int, mode: str) -> list[tuple[int, float | None]]:
+    """M4 (or per-bucket max) points of consecutive summary rows merged ``group`` at a time:
+    what :func:`combine` then :func:`_emit` give, vectorised (a long run's window is thousands
+    of rows per series)."""
+    import numpy as np
+
+    a = np.array([[np.nan if v is None else v for v in r] for r in rows], dtype=np.float64)
+    n = len(a)
+    starts = np.arange(0, n, group)
+    ends = np.minimum(starts + group, n) - 1
+    index = np.arange(n, dtype=np.float64)
+    lo, hi = a[:, 2], a[:, 4]
+    with np.errstate(invalid="ignore"):
+        g_lo = np.fmin.reduceat(lo, starts)
+        g_hi = np.fmax.reduceat(hi, starts)
+        size = np.diff(np.append(starts, n))
+        at_lo = np.where(lo == np.repeat(g_lo, size), index, np.inf)
+        at_hi = np.where(hi == np.repeat(g_hi, size), index, np.inf)
+    i_lo = np.minimum.reduceat(at_lo, starts)
+    i_hi = np.minimum.reduceat(at_hi, starts)
+    nan_step = np.fmin.reduceat(a[:, 10], starts)
+    first_step, first_val = a[starts, 6], a[starts, 7]
+    last_step, last_val = a[ends, 8], a[ends, 9]
     out: list[tuple[int, float | None]] = []
-    for i in range(0, len(buckets), group):
-        _emit(out, combine(buckets[i:i + group]), mode)
-    return out, True
+    has = np.isfinite(i_lo)
+    lo_step = np.where(has, a[np.where(has, i_lo, 0).astype(int), 3], np.nan)
+    has_hi = np.isfinite(i_hi)
+    hi_step = np.where(has_hi, a[np.where(has_hi, i_hi, 0).astype(int), 5], np.nan)
+    num_nan = np.add.reduceat(a[:, 1], starts)
+    for g in range(len(starts)):
+        if mode != "m4":
+            value = None if not np.isfinite(g_hi[g]) else float(g_hi[g])
+            out.append((int(first_step[g]), value))
+            continue
+        chosen = {int(first_step[g]): _nan_none(first_val[g]),
+                  int(last_step[g]): _nan_none(last_val[g])}
+        if has[g]:
+            chosen[int(lo_step[g])] = float(g_lo[g])
+            chosen[int(hi_step[g])] = float(g_hi[g])
+        if num_nan[g] > 0 and np.isfinite(nan_step[g]):
+            chosen[int(nan_step[g])] = None
+        out.extend(sorted(chosen.items()))
+    return out
+
+
+def _nan_none(value: float) -> float | None:
+    return None if not math.isfinite(value) else float(value)

@@ -548,8 +548,10 @@ class RunStore:
 
     def step_range(self) -> tuple[int | None, int | None]:
         """(first, last) step logged."""
-        row = self._rows("SELECT MIN(step), MAX(step) FROM steps")[0]
-        return row[0], row[1]
+        # Two queries: SQLite answers a lone MIN or MAX from the key in O(log n), both at once
+        # by a scan (0.4 s on a million steps).
+        return (self._rows("SELECT MIN(step) FROM steps")[0][0],
+                self._rows("SELECT MAX(step) FROM steps")[0][0])
 
     def ranks(self) -> list[int]:
         """The ranks with timings. O(ranks) on a schema-2 store."""
