@@ -326,26 +326,30 @@ def _combine_rows(rows: list[tuple], group: int, mode: str) -> list[tuple[int, f
     nan_step = np.fmin.reduceat(a[:, 10], starts)
     first_step, first_val = a[starts, 6], a[starts, 7]
     last_step, last_val = a[ends, 8], a[ends, 9]
-    out: list[tuple[int, float | None]] = []
     has = np.isfinite(i_lo)
     lo_step = np.where(has, a[np.where(has, i_lo, 0).astype(int), 3], np.nan)
     has_hi = np.isfinite(i_hi)
     hi_step = np.where(has_hi, a[np.where(has_hi, i_hi, 0).astype(int), 5], np.nan)
     num_nan = np.add.reduceat(a[:, 1], starts)
-    for g in range(len(starts)):
-        if mode != "m4":
-            value = None if not np.isfinite(g_hi[g]) else float(g_hi[g])
-            out.append((int(first_step[g]), value))
-            continue
-        chosen = {int(first_step[g]): _nan_none(first_val[g]),
-                  int(last_step[g]): _nan_none(last_val[g])}
-        if has[g]:
-            chosen[int(lo_step[g])] = float(g_lo[g])
-            chosen[int(hi_step[g])] = float(g_hi[g])
-        if num_nan[g] > 0 and np.isfinite(nan_step[g]):
-            chosen[int(nan_step[g])] = None
-        out.extend(sorted(chosen.items()))
-    return out
+    if mode != "m4":
+        return [(int(st), None if not math.isfinite(v) else float(v))
+                for st, v in zip(first_step.tolist(), g_hi.tolist())]
+    groups = len(starts)
+    # Candidates in insertion order (first, last, min, max, NaN): a later one at the same step
+    # wins, as in the dict of _m4.
+    steps = np.stack([first_step, last_step, lo_step, hi_step, nan_step], axis=1)
+    values = np.stack([first_val, last_val, g_lo, g_hi, np.full(groups, np.nan)], axis=1)
+    valid = np.stack([np.ones(groups, bool), np.ones(groups, bool), has, has_hi,
+                      (num_nan > 0) & np.isfinite(nan_step)], axis=1)
+    group = np.repeat(np.arange(groups), 5).reshape(groups, 5)
+    priority = np.tile(np.arange(5), (groups, 1))
+    steps, values, group, priority = (x[valid] for x in (steps, values, group, priority))
+    order = np.lexsort((priority, steps, group))
+    steps, values, group = steps[order], values[order], group[order]
+    last_of_run = np.ones(len(steps), bool)
+    last_of_run[:-1] = (group[1:] != group[:-1]) | (steps[1:] != steps[:-1])
+    return [(int(st), None if not math.isfinite(v) else float(v))
+            for st, v in zip(steps[last_of_run].tolist(), values[last_of_run].tolist())]
 
 
 def _nan_none(value: float) -> float | None:

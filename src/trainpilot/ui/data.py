@@ -40,7 +40,7 @@ TIMELINE_KINDS = ("alert", "alert_cleared", "intervention", "fault", "restart", 
                   "diagnosis", "lr_change", "run_start", "run_resumed", "run_end", "note",
                   "recovered")
 STRAGGLER_RATIO = 1.2  # the default straggler rule (health rules.yaml): >= 1.2x the others
-DEFAULT_MAX_POINTS = 2000  # per series; about a chart's width in pixels, twice
+DEFAULT_MAX_POINTS = 1200  # per series: M4 over 300 buckets, about one per two pixels of a chart
 MAX_POINTS_LIMIT = 200_000
 MAX_RANKS_DRAWN = 64  # per-rank lines beyond this many ranks are not sent
 STEP_LIMIT = 1 << 62  # steps are SQLite integers; parameters past this are refused

@@ -16,7 +16,7 @@
   const key = params.get("key") || ".";
   const pollMs = Math.max(200, parseInt(params.get("poll_ms") || "2000", 10) || 2000);
   const maxPoints = Math.min(200000, Math.max(16,
-    parseInt(params.get("max_points") || "2000", 10) || 2000));
+    parseInt(params.get("max_points") || "1200", 10) || 1200));
   const PLAN_EVERY = 5; // polls between plan refreshes (the measured median moves slowly)
   const MAX_EVENT_ROWS = 200;
   const COMPACT_FACTOR = 3; // a series this many times max_points long is re-read downsampled

@@ -5,7 +5,7 @@
   "use strict";
   const params = new URLSearchParams(window.location.search);
   const maxPoints = Math.min(200000, Math.max(16,
-    parseInt(params.get("max_points") || "2000", 10) || 2000));
+    parseInt(params.get("max_points") || "1200", 10) || 1200));
   const q = new URLSearchParams({key: params.get("key") || ".", max_points: maxPoints});
   window.trainpilotFirst = fetch(`/api/run?${q.toString()}`,
                                  {credentials: "same-origin", cache: "no-store"});
