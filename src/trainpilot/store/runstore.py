@@ -214,6 +214,33 @@ class RunStore:
             run_id = row[0]
         return cls(conn, path, writable=True, run_id=run_id)
 
+    END_STATUSES = ("completed", "failed", "crashed", "interrupted")
+
+    @classmethod
+    def close_run(cls, run_dir: str | os.PathLike, *, status: str, reason: str = "",
+                  exit_code: int | None = None) -> bool:
+        """Close a run whose writer could not: it was killed, crashed, or its launcher gave up
+        (call from the launcher or agent after the workers have exited). Sets the status and end
+        time and logs a ``run_end`` event with the reason; does nothing to a run already closed
+        (returns False) and refuses a directory without a store (SpecError)."""
+        if status not in cls.END_STATUSES:
+            raise SpecError("status", status, f"valid: {', '.join(cls.END_STATUSES)}")
+        cls.open_readonly(run_dir).close()  # exists and is a store
+        store = cls.append(run_dir)
+        try:
+            run = store.run()
+            if run is not None and run.status != "running":
+                return False
+            store.set_status(status)
+            store.log_event("run_end", store.latest_step(), dict(
+                status=status, reason=reason, exit_code=exit_code, closed_by=os.getpid()),
+                severity="critical" if status in ("failed", "crashed") else "info",
+                name="run_end", message=f"run closed as {status}" + (
+                    f": {reason}" if reason else ""))
+            return True
+        finally:
+            store.close()
+
     @classmethod
     def open_readonly(cls, run_dir: str | os.PathLike) -> "RunStore":
         """Open a run's store for reading while (or after) training writes it."""
