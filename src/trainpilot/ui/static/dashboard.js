@@ -252,7 +252,9 @@
     }
     setText("run-loss", fmt(window.TP.latest(state, "loss")));
     const health = window.TP.latest(state, "health/score");
-    setText("run-health", health === null ? "-" : `${health.toFixed(0)} / 100`);
+    const band = health === null ? "" : health >= 90 ? "healthy" : health >= 80 ? "watch"
+      : health >= 60 ? "act" : "failing";  // trainpilot.health.score.BANDS
+    setText("run-health", health === null ? "-" : `${health.toFixed(0)} / 100 (${band})`);
     setText("run-ranks", run.world_size ? String(run.world_size) : "-");
     setText("run-updated", new Date().toLocaleTimeString());
     document.title = `${run.name || key} - trainpilot`;
