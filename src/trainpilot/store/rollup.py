@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Sequence
 WIDTHS = (64, 1024, 16384)
 FAN = 16  # each width is FAN times the one before
 POINTS_PER_BUCKET = 4  # first, min, max, last
+RAW_LIMIT = 50_000  # steps in a window below which raw rows are read when summaries are coarse
 TIMING_COLUMNS = ("step_s", "compute_s", "comm_s", "data_s")
 
 ROLLUP_DDL = """
@@ -288,9 +289,12 @@ def read_window(conn: sqlite3.Connection, key: str, lo: int, hi: int, max_points
     target = max(1, max_points // per)
     span = hi - lo + 1
     width = None
-    if have_rollups:  # the widest summaries that still give a quarter of the buckets wanted
+    if have_rollups:
+        # The widest summaries that still give every bucket wanted; past RAW_LIMIT steps (a
+        # long run's overview), a quarter of them will do (raw rows cost O(steps)).
+        need = target if span <= RAW_LIMIT else max(1, target // 4)
         for w in reversed(WIDTHS):
-            if span // w >= max(1, target // 4):
+            if span // w >= need:
                 width = w
                 break
     if width is None:
