@@ -32,7 +32,8 @@ def test_monitor_json_snapshot(run_dir):
     snap = json.loads(result.stdout)
     assert snap["step"] == 120 and snap["run"]["status"] == "completed"
     assert 0 <= snap["health"]["score"] <= 100
-    assert set(snap["health"]) == {"score", "gradient_flow", "communication", "hardware",
+    assert snap["health"]["band"] in ("healthy", "watch", "act", "failing")
+    assert set(snap["health"]) == {"score", "band", "gradient_flow", "communication", "hardware",
                                    "convergence"}
     assert {"loss", "grad_norm", "tokens_per_s"} <= set(snap["metrics"])
     skip = [i for i in snap["interventions"] if i["action"] == "skip_batch"]

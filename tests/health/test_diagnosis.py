@@ -132,8 +132,10 @@ def test_cli_json_has_exactly_the_documented_keys(tmp_path):
     result = run_cli("diagnose", *files, "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data) == {"category", "root_cause", "evidence", "action", "confidence"}
+    assert set(data) == {"category", "root_cause", "evidence", "action", "confidence", "rank",
+                         "node"}
     assert data["category"] == "gpu_hardware" and "fallen off the bus" in data["evidence"]
+    assert data["node"] == "node1"  # the kernel log's syslog host field
 
 
 def test_cli_records_the_diagnosis_in_a_store_and_reports_missing_files(tmp_path):
@@ -141,6 +143,10 @@ def test_cli_records_the_diagnosis_in_a_store_and_reports_missing_files(tmp_path
 
     log = tmp_path / "rank0.log"
     log.write_text(logs.DISK_FULL_AT_CHECKPOINT["rank0.log"])
+    result = run_cli("diagnose", str(log), "--store", str(tmp_path / "run"))
+    assert result.returncode == 2 and "run_dir" in result.stderr  # a typo creates nothing
+    assert not (tmp_path / "run").exists()
+    RunStore.create(tmp_path / "run", name="r").close(status="failed")
     result = run_cli("diagnose", str(log), "--store", str(tmp_path / "run"))
     assert result.returncode == 0, result.stderr
     assert "storage" in result.stdout

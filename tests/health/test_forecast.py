@@ -33,7 +33,8 @@ def test_intervals_have_roughly_their_nominal_coverage():
     covered = 0
     for seed in range(10):
         t, truth, y = noisy_power_law(seed)
-        fc = ConvergenceForecaster(total_steps=T, num_bootstrap=24, seed=seed).forecast(
+        fc = ConvergenceForecaster(total_steps=T, num_bootstrap=24, seed=seed,
+                                   calibration=False).forecast(
             t[:600], y[:600])
         covered += fc.final_lo <= truth[-1] <= fc.final_hi
     assert covered >= 6  # nominal 8 of 10
@@ -58,7 +59,30 @@ def test_schedule_aware_model_reduces_to_the_plain_law_at_constant_lr():
     assert s1.tolist() == [1.0, 2.0, 2.5, 3.0] and s2[2] == pytest.approx(0.5)
     t, truth, y = noisy_power_law()
     fc = ConvergenceForecaster(total_steps=T, lr_at=lambda s: 1e-3).forecast(t[:1000], y[:1000])
-    assert fc.model == "lr_area" and abs(fc.final_loss - truth[-1]) / truth[-1] < 0.01  # S2 = 0
+    # S2 = 0: no annealing to identify, so the plain law (in steps, which S1 equals here).
+    assert fc.model == "power_law" and abs(fc.final_loss - truth[-1]) / truth[-1] < 0.01
+
+
+def test_never_negative_and_an_unforecastable_curve_says_so():
+    t = np.arange(1, T + 1)
+    rising = 2.0 + 0.001 * t  # a loss going up: nothing to extrapolate
+    fc = ConvergenceForecaster(total_steps=T).forecast(t[:500], rising[:500])
+    assert fc is not None and not fc.reliable and "not decreasing" in fc.note
+    assert fc.final_lo >= 0 and all(lo >= 0 for _, lo, _, _ in fc.band)
+    early = ConvergenceForecaster(total_steps=100_000).forecast(t[:300], (2.0 * t ** -0.4 + 1.5)[:300])
+    assert not early.reliable and "seen" in early.note
+    t2, truth, y = noisy_power_law()
+    good = ConvergenceForecaster(total_steps=T).forecast(t2[:1000], y[:1000])
+    assert good.reliable and good.note == "" and good.final_loss > 0
+
+
+def test_shipped_calibration_sets_the_interval_and_can_be_switched_off():
+    t, truth, y = noisy_power_law()
+    calibrated = ConvergenceForecaster(total_steps=T).forecast(t[:1000], y[:1000])
+    bootstrap = ConvergenceForecaster(total_steps=T, calibration=False).forecast(t[:1000], y[:1000])
+    assert calibrated.interval_source == "calibrated" and bootstrap.interval_source == "bootstrap"
+    assert calibrated.final_loss == bootstrap.final_loss  # the point forecast is the same
+    assert calibrated.final_lo <= calibrated.final_loss <= calibrated.final_hi
 
 
 def test_too_few_points_and_bad_arguments():

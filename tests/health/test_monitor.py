@@ -260,3 +260,20 @@ def test_gradient_stats_are_global_under_fsdp2_and_tp(tmp_path):
         for name in ("zero3", "tp"):
             assert rank[name]["local_only"] < 0.9 * ddp["grad_norm"], name
         assert rank["ddp"]["local_only"] == pytest.approx(ddp["grad_norm"], rel=1e-5)
+
+
+def test_a_fault_event_lowers_the_hardware_part_for_its_memory_and_then_not():
+    """What the runtime must do for faults to count: call on_event("fault", {"step": s})."""
+    monitor = HealthMonitor()
+    parts = {}
+    for step in range(1, 260):
+        if step == 20:
+            monitor.on_event("fault", {"step": 20, "kind": "crash", "rank": 1})
+        monitor.end_step(StepRecord(step=step, loss=3.0 / step ** 0.3))
+        parts[step] = monitor.last_score.hardware
+    assert parts[19] == 1.0 and parts[20] == parts[120] == 0.5 and parts[121] == 1.0
+    # Negative control: the same run without the event keeps the part whole.
+    quiet = HealthMonitor()
+    for step in range(1, 60):
+        quiet.end_step(StepRecord(step=step, loss=3.0 / step ** 0.3))
+    assert quiet.last_score.hardware == 1.0

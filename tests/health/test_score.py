@@ -29,13 +29,24 @@ def test_a_healthy_step_scores_100_and_parts_are_quarters():
     (dict(mem_frac=0.95), "hardware", 0.5),
     (dict(compute_s_by_rank=(1.0, 1.0, 1.25)), "hardware", 0.8),
     (dict(recent_fault=True), "hardware", 0.5),
-    (dict(loss_z=4.5, loss_above_trend=True), "convergence", 0.5),
-    (dict(loss_z=4.5, loss_above_trend=False), "convergence", 1.0),
+    (dict(loss_z=5.25, loss_above_trend=True), "convergence", 0.5),
+    (dict(loss_z=4.4, loss_above_trend=True), "convergence", 1.0),  # batch noise is free
+    (dict(loss_z=5.25, loss_above_trend=False), "convergence", 1.0),
+    (dict(learned_rel=0.001), "convergence", 0.0),  # learns nothing
+    (dict(learned_rel=0.30), "convergence", 1.0),
+    (dict(recent_spike=True), "convergence", 0.2),
     (dict(improvement=0.0), "convergence", 0.5),
     (dict(improvement=0.005), "convergence", 0.75),
 ])
 def test_each_factor(inputs, part, expected):
     assert getattr(health_score(ScoreInputs(**inputs)), part) == pytest.approx(expected)
+
+
+def test_bands_of_the_score():
+    from trainpilot.health.score import band
+
+    assert [band(x) for x in (100, 90, 89.9, 80, 79, 60, 59, 0, None)] == [
+        "healthy", "healthy", "watch", "watch", "act", "act", "failing", "failing", "unknown"]
 
 
 def test_score_stays_in_range_for_extreme_inputs():

@@ -74,9 +74,45 @@ def test_integrity_check_catches_a_corrupted_file(tmp_path):
     for offset in range(20 * page, 40 * page, page):  # scribble over b-tree pages
         data[offset:offset + 64] = b"\xff" * 64
     path.write_bytes(bytes(data))
-    store = RunStore.open_readonly(tmp_path)
     try:
+        store = RunStore.open_readonly(tmp_path)
         result = store.integrity_check()
-    except Exception as err:  # sqlite may refuse outright: also a detection
+    except Exception as err:  # refused outright (SpecError naming the file): also a detection
         result = f"error: {err}"
     assert result != "ok"
+
+
+def test_a_crashed_run_is_closed_by_the_launcher_and_a_closed_one_is_left_alone(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from trainpilot.store import RunStore\n"
+            "s = RunStore.create(sys.argv[1], flush_every_steps=1)\n"
+            "for i in range(1, 6): s.log_metrics(i, {'loss': 1.0 / i})\n"
+            "s.flush(); print('ready', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    with RunStore.open_readonly(tmp_path) as r:
+        assert r.run().status == "running"  # what a killed writer leaves behind
+    assert RunStore.close_run(tmp_path, status="crashed", reason="rank 0 killed (SIGKILL)",
+                              exit_code=-9)
+    with RunStore.open_readonly(tmp_path) as r:
+        run = r.run()
+        end = r.events(kinds=["run_end"])[-1]
+        assert run.status == "crashed" and run.ended_time is not None
+        assert end.step == 5 and end.payload["reason"].startswith("rank 0 killed")
+    assert not RunStore.close_run(tmp_path, status="failed")  # already closed: unchanged
+    with RunStore.open_readonly(tmp_path) as r:
+        assert r.run().status == "crashed"
+    import pytest as _pytest
+
+    from trainpilot.specs.errors import SpecError
+    with _pytest.raises(SpecError):
+        RunStore.close_run(tmp_path / "nope", status="crashed")
+    with _pytest.raises(SpecError):
+        RunStore.close_run(tmp_path, status="exploded")

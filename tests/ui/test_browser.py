@@ -86,14 +86,16 @@ def check_charts_equal_store(browser, run_dir) -> None:
         expected = run_data(store)["ranks"]
         for trace in helpers.chart_traces(browser, "rank-tokens-chart"):
             if trace["name"].startswith("rank "):
-                rank = int(trace["name"].split()[1])
-                rows = [i for i, r in enumerate(expected["rank"]) if r == rank]
-                assert trace["dy"] == [expected["tokens_per_s"][i] for i in rows]
+                rank = trace["name"].split()[1]
+                assert trace["dy"] == expected[rank]["tokens_per_s"]["values"]
 
-        events = [e for e in store.events(kinds=TIMELINE_KINDS) if e.kind != "alert_cleared"]
+        events = [e for e in run_data(store)["events"] if e["kind"] != "alert_cleared"]
+        placed = [e for e in events if e["x_step"] is not None]
         marks = helpers.chart_traces(browser, "timeline-chart")
-        assert sum(len(t["dx"]) for t in marks) == len(events)
-        assert {t["name"] for t in marks} == {e.kind for e in events}
+        assert sum(len(t["dx"]) for t in marks) == len(placed)
+        assert sorted(x for t in marks for x in t["dx"]) == sorted(e["x_step"] for e in placed)
+        assert 0 not in [x for t in marks for x in t["dx"]]  # no step-less event at step 0
+        assert {t["name"] for t in marks} == {e["kind"] for e in placed}
         assert {"alert", "intervention", "checkpoint"} <= {t["name"] for t in marks}
 
 
@@ -198,14 +200,15 @@ def test_dashboard_rereads_rewritten_steps_after_a_resume(known_run, page):
         helpers.wait_for(lambda: updates(browser) >= 1, timeout_s=90, what="the first update")
         x, y = _xy(browser, "loss-chart", "loss")
         old_step1 = y[x.index(1)]
-        # Negative control: a step rewritten behind the cursor with no event stays stale.
+        # A step rewritten behind the newest one, with no event: its batch's range brings it.
+        assert old_step1 != 9.25
         writer = RunStore.append(known_run)
         writer.log_metrics(1, {"loss": 9.25})
         writer.close()
-        seen = updates(browser)
-        helpers.wait_for(lambda: updates(browser) >= seen + 4, timeout_s=30, what="4 polls")
-        x, y = _xy(browser, "loss-chart", "loss")
-        assert y[x.index(1)] == old_step1 != 9.25
+        helpers.wait_for(lambda: _xy(browser, "loss-chart", "loss")[1][0] == 9.25,
+                         timeout_s=30, what="the rewritten step 1")
+        x = by_name(helpers.chart_traces(browser, "loss-chart"), "loss")["x"]
+        assert x == sorted(set(x))  # replaced in place, not appended
         # A re-run process reopens the store (run_resumed, no trainer restart) and logs step 2.
         writer = RunStore.create(known_run, world_size=2)
         writer.log_metrics(2, {"loss": 7.5})

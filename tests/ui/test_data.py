@@ -27,15 +27,18 @@ def test_run_data_equals_the_store(known_run):
         # Layers in natural order (blocks.9 before blocks.10), values exact.
         assert data["layers"]["names"] == ["blocks.9.mlp", "blocks.10.mlp", "embed"]
         assert data["layers"]["series"]["blocks.10.mlp"]["values"][4] == pytest.approx(0.05)
-        assert data["ranks"]["rank"][:4] == [0, 1, 0, 1]
-        assert data["ranks"]["compute_s"][:2] == [0.04, 0.06]
+        assert sorted(data["ranks"]) == ["0", "1"]
+        assert data["ranks"]["0"]["compute_s"]["values"][:2] == [0.04, 0.04]
+        assert data["ranks"]["1"]["compute_s"]["values"][:2] == [0.06, 0.06]
+        assert data["ranks"]["1"]["compute_s"]["steps"] == list(range(1, NUM_STEPS + 1))
         # tokens/s per rank: the step's tokens (512) split over 2 ranks, over that rank's step.
-        assert data["ranks"]["tokens_per_s"][2] == pytest.approx(256 / STEP_S)
+        assert data["ranks"]["0"]["tokens_per_s"]["values"][2] == pytest.approx(256 / STEP_S)
         assert data["stragglers"] == {"0": pytest.approx(0.04 / 0.06), "1": pytest.approx(1.5)}
         kinds = [e["kind"] for e in data["events"]]
         assert kinds.count("checkpoint") == 3 and "fault" in kinds and "restart" in kinds
-        assert data["cursor"] == {"step": NUM_STEPS, "rank_step": NUM_STEPS,
-                                  "event": data["events"][-1]["id"]}
+        assert data["cursor"] == {"mode": "batch", "batch": store.batch_cursor(),
+                                  "step": NUM_STEPS, "event": data["events"][-1]["id"]}
+        assert not data["incremental"] and not data["series"]["loss"]["downsampled"]
         json.dumps(data, allow_nan=False)  # the NaN in the alert's payload became null
 
 
@@ -49,14 +52,16 @@ def test_incremental_reads_return_only_what_is_new(known_run):
                                  for r in (0, 1)])
         writer.log_event("note", NUM_STEPS + 1, message="late")  # commits the batch too
         writer.close()
-        delta = run_data(reader, since_step=cursor["step"], since_rank_step=cursor["rank_step"],
-                         since_event=cursor["event"])
-    assert delta["series"]["loss"] == {"steps": [NUM_STEPS + 1], "values": [0.5]}
-    assert delta["series"]["lr"] == {"steps": [], "values": []}
+        delta = run_data(reader, since_batch=cursor["batch"], since_event=cursor["event"])
+    new = NUM_STEPS + 1
+    assert delta["incremental"]
+    assert delta["series"]["loss"] == {"steps": [new], "values": [0.5], "lo": new, "hi": new,
+                                       "downsampled": False}
+    assert delta["series"]["lr"]["steps"] == []  # nothing new in [lo, hi]
     assert delta["layers"]["series"]["embed"]["values"] == [2e-3]
-    assert delta["ranks"]["step"] == [NUM_STEPS + 1] * 2
+    assert delta["ranks"]["1"]["step_s"]["steps"] == [new]
     assert [e["message"] for e in delta["events"]] == ["late"]
-    assert delta["cursor"]["step"] == NUM_STEPS + 1
+    assert delta["cursor"]["step"] == new and delta["cursor"]["batch"] > cursor["batch"]
 
 
 def test_natural_order():

@@ -46,7 +46,7 @@ def test_report_is_self_contained_and_embeds_the_store(known_run):
     assert refs.external_scripts == 0
     assert all(u.startswith(("#", "data:")) for u in refs.urls), refs.urls
     assert not re.search(r"https?://(?!www\.w3\.org)[^\s\"'<>]+\.(js|css)\b", text)
-    assert "plotly.js v" in text  # the library is inlined
+    assert "plotly.js (cartesian - minified) v" in text  # the library is inlined
     with RunStore.open_readonly(known_run) as store:
         expected = run_data(store)
     assert embedded_data(text) == json.loads(json.dumps(expected))
@@ -58,7 +58,51 @@ def test_report_is_self_contained_and_embeds_the_store(known_run):
     # Store text is data, not markup: escaped in tables, '</' escaped inside the JSON.
     assert "<script>alert(1)</script>" not in text
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
-    assert "alert(1)<\\/script>" in text  # inside the embedded JSON
+    # Inside the embedded JSON no '<' is left at all: it is written \\u003c.
+    body = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', text,
+                     re.S).group(1)
+    assert "<" not in body and "alert(1)\\u003c/script\\u003e" in body
+
+
+def _store_with_hostile_text(run_dir):
+    from tests.ui.conftest import write_known_store
+
+    write_known_store(run_dir)
+    store = RunStore.append(run_dir)
+    store.log_event("note", 3, {"text": "<!--<script>"}, name="<!--<script",
+                    message="<!--<script>x</script>-->")
+    store.close()
+    return run_dir
+
+
+def test_hostile_store_text_cannot_re_mode_the_script_elements(tmp_path):
+    text = build_report(_store_with_hostile_text(tmp_path / "r"))
+    scripts = re.findall(r"<script[^>]*>(.*?)</script>", text, re.S)
+    assert len(scripts) == 4  # plotly, charts, data, the call: none was cut short
+    assert embedded_data(text)["events"][-1]["message"] == "<!--<script>x</script>-->"
+    for script in scripts:
+        assert "<!--" not in script and "</script" not in script.lower()
+
+
+def test_output_suffix_picks_the_format_and_anything_else_is_refused(tmp_path, known_run):
+    for bad in ("noext", "r.txt", "r.pdf.bak"):
+        result = run_cli("report", str(known_run), "-o", str(tmp_path / bad))
+        assert result.returncode == 2, bad
+        assert "valid: a file name ending in .html, .htm or .pdf" in result.stderr
+        assert not (tmp_path / bad).exists() and "Traceback" not in result.stderr
+    (tmp_path / "adir.html").mkdir()
+    result = run_cli("report", str(known_run), "-o", str(tmp_path / "adir.html"))
+    assert result.returncode == 2 and "directory" in result.stderr
+    (tmp_path / "afile").write_text("x")
+    result = run_cli("report", str(known_run), "-o", str(tmp_path / "afile" / "r.html"))
+    assert result.returncode == 2 and "is a file" in result.stderr
+    result = run_cli("report", str(known_run), "-o", str(tmp_path / "r.pdf"), "--pdf")
+    assert result.returncode == 2 and "--pdf" in result.stderr
+    bad_store = tmp_path / "bad"
+    bad_store.mkdir()
+    (bad_store / "trainpilot.db").write_bytes(b"\x00\xffnot sqlite" * 100)
+    result = run_cli("report", str(bad_store), "-o", str(tmp_path / "b.html"))
+    assert result.returncode == 2 and "not a readable trainpilot store" in result.stderr
 
 
 def test_report_of_a_run_that_just_started(tmp_path):
@@ -109,8 +153,35 @@ def test_report_pdf_without_a_pdf_engine_fails_cleanly(tmp_path, known_run):
     assert out.is_file()  # the HTML was still written
 
 
+def ink(pdf_path, page: int = 0):
+    """(share of non-white pixels, share of strongly coloured ones) of a rendered PDF page."""
+    import numpy as np
+    import pypdfium2
+
+    doc = pypdfium2.PdfDocument(str(pdf_path))
+    try:
+        image = doc[page].render(scale=1.0).to_numpy().astype(np.int32)[..., :3]
+    finally:
+        doc.close()
+    nonwhite = (image.min(axis=2) < 235).mean()
+    coloured = ((image.max(axis=2) - image.min(axis=2)) > 60).mean()
+    return float(nonwhite), float(coloured), len(image)
+
+
+def test_page_ink_oracle_tells_a_blank_page_from_a_drawn_one(tmp_path):
+    """Negative control of the check below: a blank page has no ink."""
+    import pypdfium2
+
+    doc = pypdfium2.PdfDocument.new()
+    doc.new_page(595, 842)
+    doc.save(str(tmp_path / "blank.pdf"))
+    doc.close()
+    nonwhite, coloured, _ = ink(tmp_path / "blank.pdf")
+    assert nonwhite == 0 and coloured == 0
+
+
 @pytest.mark.browser
-def test_report_pdf_with_chromium(tmp_path, known_run):
+def test_report_pdf_with_chromium_renders_charts(tmp_path, known_run):
     from trainpilot.ui.browser import find_chromium
 
     if find_chromium() is None:
@@ -121,3 +192,12 @@ def test_report_pdf_with_chromium(tmp_path, known_run):
     pdf = (tmp_path / "r.pdf").read_bytes()
     assert pdf.startswith(b"%PDF") and len(pdf) > 20_000
     assert pdf.count(b"/Type /Page") >= 2 or pdf.count(b"/Type/Page") >= 2
+    # Page 2 holds plots: rendered, it has text and coloured chart lines, not a blank page.
+    nonwhite, coloured, _ = ink(tmp_path / "r.pdf", page=1)
+    assert nonwhite > 0.01 and coloured > 0.001, (nonwhite, coloured)
+    # -o x.pdf: the PDF alone, a real one (not the HTML saved under a .pdf name).
+    result = run_cli("report", str(known_run), "-o", str(tmp_path / "only.pdf"), timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "only.pdf").read_bytes().startswith(b"%PDF")
+    assert ink(tmp_path / "only.pdf", page=1)[1] > 0.001
+    assert not list(tmp_path.glob("only.html"))

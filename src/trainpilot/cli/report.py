@@ -15,14 +15,16 @@ def register(subparsers) -> None:
         description="Write one HTML file about a run, readable offline (plotly.js inlined): "
                     "summary, the dashboard's plots, alerts and interventions, faults and "
                     "recoveries, goodput by category measured vs simulated, and the plan with "
-                    "predicted vs measured step time. --pdf prints it with headless Chromium.",
+                    "predicted vs measured step time. The output's suffix picks the format: "
+                    ".html/.htm, or .pdf (printed by headless Chromium); any other is refused.",
         examples="  trainpilot report runs/demo -o report.html\n"
+                 "  trainpilot report runs/demo -o report.pdf          # the PDF only\n"
                  "  trainpilot report runs/demo -o report.html --pdf   # report.pdf too\n"
                  "  trainpilot report runs/demo -o out/r.html --json",
     )
     parser.add_argument("run_dir", help="a run directory (holding trainpilot.db)")
     parser.add_argument("-o", "--output", default="report.html",
-                        help="HTML file to write (default report.html)")
+                        help="file to write: .html/.htm or .pdf (default report.html)")
     parser.add_argument("--pdf", action="store_true",
                         help="also print it to PDF beside the HTML (same name, .pdf); needs "
                              "Chromium")
@@ -31,14 +33,16 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainpilot.ui.report import write_report
+    from trainpilot.store import RunStore
+    from trainpilot.ui.report import check_output, write_report
 
-    out = Path(args.output)
+    kind, out = check_output(args.output, also_pdf=args.pdf)
+    RunStore.open_readonly(args.run_dir).close()  # a missing or unreadable store: exit 2
     pdf = out.with_suffix(".pdf") if args.pdf else None
     try:
         paths = write_report(args.run_dir, out, pdf=pdf)
     except (FileNotFoundError, RuntimeError) as err:
-        if out.is_file():
+        if kind == "html" and out.is_file():
             console.print(f"wrote {out}", markup=False)
         err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
         return EXIT_FAILURE

@@ -14,6 +14,14 @@ How a diagnosis is chosen (documented in docs/health.md):
    the NCCL errors and timeouts it produces.
 4. Ties go to the earlier line, then the higher confidence. Other categories seen are listed in
    the root cause, so a reader sees what else happened.
+5. Metric lines count too (``metriclines``): a NaN/inf loss or gradient-norm field, a loss spike
+   (numerical), a throughput drift (straggler, a symptom).
+6. The verdict names the rank and node of its evidence line where the line (or its file name)
+   says them: ``[rank3]:``, ``[Rank 3]``, ``rank: 3``, torchelastic's ``[default3]:`` (a local
+   rank), NCCL's ``host:pid:tid [dev]`` prefix, syslog's host field, ``rank3.log``.
+
+Logs are read as streams (``logscan``: gzip/zstd/bzip2/xz recognised, bounded memory), and only
+lines holding one of the patterns' literal triggers are matched against the patterns.
 """
 
 from __future__ import annotations
@@ -30,6 +38,9 @@ from typing import Iterable, Literal
 import pydantic
 import yaml
 
+from trainpilot.health.logscan import (Chunk, Prefilter, iter_chunks, open_log, text_chunks,
+                                        triggers_of)
+from trainpilot.health.metriclines import MetricScanner
 from trainpilot.health.timestamps import guess_year, parse_timestamp
 from trainpilot.specs.errors import SpecError, from_pydantic
 
@@ -72,6 +83,25 @@ class Pattern(Finding):
     regex: str
     example: str
     case: bool = False
+    # Literals one of which every match contains (lower case); derived from the regex when not
+    # given (logscan.triggers_of). Given where the derived ones are common words.
+    triggers: list[str] | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _has_triggers(self) -> "Pattern":
+        found = self.trigger_list()
+        if not found:
+            raise ValueError(f"pattern {self.id!r}: no literal of >= 3 characters every match "
+                             "must contain; give `triggers`")
+        if not any(t in self.example.lower() for t in found):
+            raise ValueError(f"pattern {self.id!r}: its example holds none of its triggers "
+                             f"{found}")
+        return self
+
+    def trigger_list(self) -> list[str]:
+        if self.triggers is not None:
+            return [t.lower() for t in self.triggers]
+        return triggers_of(self.regex) or []
 
     @pydantic.field_validator("regex")
     @classmethod
@@ -120,18 +150,22 @@ class Match:
 
 @dataclass(frozen=True, kw_only=True)
 class Diagnosis:
-    """The verdict for a set of logs. ``to_dict`` gives the CLI's JSON (exactly these keys)."""
+    """The verdict for a set of logs. ``to_dict`` gives the CLI's JSON (exactly these keys;
+    ``rank`` and ``node`` None where the evidence does not say)."""
 
     category: str
     root_cause: str
     evidence: str
     action: str
     confidence: float
+    rank: int | None = None
+    node: str | None = None
     matches: tuple[Match, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return dict(category=self.category, root_cause=self.root_cause, evidence=self.evidence,
-                    action=self.action, confidence=round(self.confidence, 2))
+                    action=self.action, confidence=round(self.confidence, 2), rank=self.rank,
+                    node=self.node)
 
 
 def load_library(path: str | os.PathLike | None = None) -> PatternLibrary:
@@ -147,23 +181,50 @@ def load_library(path: str | os.PathLike | None = None) -> PatternLibrary:
         raise from_pydantic(err, doc="patterns", model_cls=PatternLibrary, source=source) from None
 
 
+METRIC_FINDINGS = {
+    "non_finite": Finding(category="numerical", confidence=0.8,
+                          root_cause="the training loss or gradient norm became non-finite "
+                                     "(NaN/inf) in the metric lines",
+                          action="restart from the last checkpoint before the first NaN with a "
+                                 "lower learning rate, gradient clipping, or bf16 instead of fp16; "
+                                 "check the batch that preceded it"),
+    "loss_spike": Finding(category="numerical", confidence=0.6,
+                          root_cause="a loss spike in the metric lines",
+                          action="look at the data batch of that step; lower the learning rate, "
+                                 "clip gradients, or roll back past the spike and skip batches"),
+    "throughput_drift": Finding(category="straggler", confidence=0.5,
+                                root_cause="throughput drifted down over the run in the metric "
+                                           "lines (a slowing node, thermal throttling, a leak, "
+                                           "growing data or checkpoint cost)",
+                                action="compare per-rank step times (trainpilot monitor), GPU "
+                                       "clocks and temperatures; look for a growing host-side "
+                                       "cost (memory, data loading, logging)"),
+}
+
+
 class Diagnoser:
     """Matches log lines against a pattern library and picks the root cause."""
 
-    def __init__(self, library: PatternLibrary | None = None, *, skew_s: float = 60.0):
+    def __init__(self, library: PatternLibrary | None = None, *, skew_s: float = 60.0,
+                 metric_rules: bool = True):
         self.library = library or _default_library()
-        self.skew_s = skew_s
+        self.skew_s, self.metric_rules = skew_s, metric_rules
         self._compiled = [(p, re.compile(p.regex, 0 if p.case else re.IGNORECASE))
                           for p in self.library.patterns]
-        # One alternation as a prefilter: most lines match nothing and cost one search.
-        self._any = re.compile("|".join(f"(?:{p.regex})" for p in self.library.patterns),
-                               re.IGNORECASE)
+        self._prefilter = Prefilter(t for p in self.library.patterns for t in p.trigger_list())
+        self._pattern_triggers = [p.trigger_list() for p in self.library.patterns]
 
-    def classify_line(self, text: str) -> tuple[str, Finding] | None:
-        """(pattern id, finding) for one line, or ``None``."""
-        if not self._any.search(text):
-            return None
-        for pattern, regex in self._compiled:
+    def _worth_trying(self, low_line: str) -> list[int]:
+        """Indices of the patterns one of whose triggers the (lower-cased) line holds."""
+        return [k for k, triggers in enumerate(self._pattern_triggers)
+                if any(t in low_line for t in triggers)]
+
+    def classify_line(self, text: str, *, only: Iterable[int] | None = None,
+                      ) -> tuple[str, Finding] | None:
+        """(pattern id, finding) for one line, or ``None``; ``only``: the indices of the patterns
+        worth trying (those whose triggers the line holds), in library order."""
+        chosen = self._compiled if only is None else [self._compiled[k] for k in only]
+        for pattern, regex in chosen:
             found = regex.search(text)
             if found:
                 if "xid" in regex.groupindex:
@@ -181,42 +242,89 @@ class Diagnoser:
         symptom = base.symptom if finding.symptom is None else finding.symptom
         return tier, symptom
 
+    def _match(self, name: str, line_no: int, text: str, pattern_id: str, finding: Finding,
+               time: datetime | None) -> Match:
+        tier, symptom = self._defaults(finding)
+        return Match(file=name, line_no=line_no, text=text.rstrip("\r\n"), time=time,
+                     pattern_id=pattern_id, finding=finding, tier=tier, symptom=symptom)
+
+    def scan_chunks(self, name: str, chunks: Iterable[Chunk], *, default_year: int | None = None,
+                    ) -> tuple[list[Match], list[str]]:
+        """(every matched line of one log, its last error-ish line for an `unknown` verdict).
+        Streams: only a chunk and a small look-back are in memory."""
+        out: list[Match] = []
+        metrics = MetricScanner() if self.metric_rules else None
+        tail: list[str] = []
+        lookback = b""
+        year = default_year
+        for chunk in chunks:
+            data = chunk.data
+            if year is None:
+                year = guess_year(data[:1 << 18].decode("utf-8", "replace").splitlines()[:2000])
+            counted, line_no = 0, chunk.first_line
+            for start, end in self._prefilter.line_spans(chunk.low):
+                line_no += data.count(b"\n", counted, start)
+                counted = start
+                line = chunk.line(start, end)
+                only = self._worth_trying(line.lower())
+                if not only:
+                    continue
+                hit = self.classify_line(line, only=only)
+                if hit is None:
+                    continue
+                stamp = _time_before(lookback + data, len(lookback) + start, year)
+                out.append(self._match(name, line_no, line, hit[0], hit[1], stamp))
+            if metrics is not None:
+                metrics.feed(chunk)
+            tail = (tail + _errorish_lines(chunk))[-1:]
+            lookback = data[-_LOOKBACK_BYTES:]
+        if metrics is not None:
+            for f in metrics.findings():
+                finding = METRIC_FINDINGS[f.kind]
+                finding = finding.model_copy(update=dict(
+                    root_cause=f"{finding.root_cause}: {f.detail}"))
+                out.append(self._match(name, f.line_no, f.text, f"metric:{f.kind}", finding,
+                                       parse_timestamp(f.text, default_year=year or 1970)))
+        out.sort(key=lambda m: m.line_no)
+        return out, tail
+
     def scan(self, name: str, lines: list[str], *, default_year: int) -> list[Match]:
-        """Every matched line of one log."""
-        out = []
-        for index, text in enumerate(lines):
-            hit = self.classify_line(text)
-            if hit is None:
-                continue
-            pattern_id, finding = hit
-            tier, symptom = self._defaults(finding)
-            out.append(Match(file=name, line_no=index + 1, text=text.rstrip("\n"),
-                             time=_time_of(lines, index, default_year), pattern_id=pattern_id,
-                             finding=finding, tier=tier, symptom=symptom))
-        return out
+        """Every matched line of one log given as lines."""
+        return self.scan_chunks(name, text_chunks("\n".join(lines) + "\n"),
+                                default_year=default_year)[0]
 
     def diagnose_texts(self, logs: dict[str, str]) -> Diagnosis:
         """Diagnose named log texts (``{name: text}``) as one failed job."""
-        split = {name: text.splitlines() for name, text in logs.items()}
-        year = guess_year([line for lines in split.values() for line in lines])
-        matches = [m for name, lines in split.items()
-                   for m in self.scan(name, lines, default_year=year)]
-        return self.decide(matches, split)
+        year = guess_year([line for text in logs.values()
+                           for line in text[:1 << 20].splitlines()])
+        matches, tails = [], {}
+        for name, text in logs.items():
+            found, tail = self.scan_chunks(name, text_chunks(text), default_year=year)
+            matches += found
+            tails[name] = tail
+        return self.decide(matches, tails)
 
     def diagnose_files(self, paths: Iterable[str | os.PathLike]) -> Diagnosis:
-        """Diagnose log files (one job, possibly one file per rank or host)."""
-        logs = {}
-        for path in paths:
-            path = Path(path)
-            if not path.is_file():
-                raise SpecError("LOGFILE", str(path), "valid: a readable log file")
-            logs[str(path)] = path.read_text(errors="replace")
-        return self.diagnose_texts(logs)
+        """Diagnose log files (one job, possibly one file per rank or host; plain or gzip/zstd/
+        bzip2/xz). SpecError for a missing, empty or binary file."""
+        paths = [Path(p) for p in paths]
+        streams = [(str(p), *open_log(p)) for p in paths]  # every file checked before reading
+        matches, tails = [], {}
+        try:
+            for name, stream, _ in streams:
+                found, tail = self.scan_chunks(name, iter_chunks(stream))
+                matches += found
+                tails[name] = tail
+        finally:
+            for _, stream, _ in streams:
+                stream.close()
+        return self.decide(matches, tails)
 
-    def decide(self, matches: list[Match], lines: dict[str, list[str]] | None = None) -> Diagnosis:
+    def decide(self, matches: list[Match], tails: dict[str, list[str]] | None = None,
+               ) -> Diagnosis:
         """Pick the root cause among ``matches`` (rules in the module docstring)."""
         if not matches:
-            return _unknown(lines or {})
+            return _unknown(tails or {})
         causes = [m for m in matches if not m.symptom]
         pool = causes or matches
         timed = [m.time for m in pool if m.time is not None]
@@ -230,18 +338,70 @@ class Diagnoser:
         same = [m for m in matches if m.finding.category == best.finding.category]
         agreeing_patterns = {m.pattern_id for m in same}
         confidence = min(0.99, best.finding.confidence + 0.05 * (len(agreeing_patterns) - 1))
+        rank, node = locate(best.text, best.file)
         return Diagnosis(category=best.finding.category,
                          root_cause=best.finding.root_cause + _also_seen(matches, best),
                          evidence=_evidence(best), action=best.finding.action,
-                         confidence=confidence, matches=tuple(matches))
+                         confidence=confidence, rank=rank, node=node, matches=tuple(matches))
 
 
-def _time_of(lines: list[str], index: int, year: int) -> datetime | None:
-    for back in range(index, max(-1, index - _BACKTRACK_LINES), -1):
-        stamp = parse_timestamp(lines[back], default_year=year)
+_LOOKBACK_BYTES = 1 << 16
+_RANK_PATTERNS = (re.compile(r"\[rank(\d+)\]"), re.compile(r"\[Rank (\d+)\]"),
+                  re.compile(r"\bPG(?: ID)? \d+(?: PG GUID [^\]]*)? Rank (\d+)\]"),
+                  re.compile(r"\brank\s*[:=]\s*(\d+)\b", re.I),
+                  re.compile(r"\blocal_rank\s*[:=]\s*(\d+)\b"),
+                  re.compile(r"\[default(\d+)\]:"), re.compile(r"\bRank (\d+)\b"))
+_NODE_PATTERNS = (
+    re.compile(r"^(?:[\d.]+:\s+)?(?:\[\d+\]\s+)?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\]"),  # NCCL
+    re.compile(r"^(?:<\d+>)?\w{3} +\d{1,2} \d\d:\d\d:\d\d ([\w.-]+) "),  # syslog
+    re.compile(r"\bhost\s*:\s*([\w.-]+)"),
+)
+_FILE_RANK = re.compile(r"rank[_-]?(\d+)", re.I)
+_FILE_NODE = re.compile(r"((?:node|host|gpu|worker)[\w]*?\d+)", re.I)
+
+
+def locate(text: str, file: str) -> tuple[int | None, str | None]:
+    """(rank, node) that a log line, or failing that its file name, names."""
+    rank = next((int(m.group(1)) for rx in _RANK_PATTERNS if (m := rx.search(text))), None)
+    node = next((m.group(1) for rx in _NODE_PATTERNS if (m := rx.search(text))), None)
+    name = Path(file).name
+    if rank is None and (m := _FILE_RANK.search(name)):
+        rank = int(m.group(1))
+    if node is None and (m := _FILE_NODE.search(name)):
+        node = m.group(1)
+    return rank, node
+
+
+def _time_before(data: bytes, pos: int, year: int) -> datetime | None:
+    """The timestamp of the line at byte ``pos``, else of the nearest earlier line that has
+    one (at most ``_BACKTRACK_LINES`` back)."""
+    end = data.find(b"\n", pos)
+    end = len(data) if end < 0 else end
+    for _ in range(_BACKTRACK_LINES):
+        start = data.rfind(b"\n", 0, pos) + 1
+        head = data[start:min(end, start + 160)].decode("utf-8", "replace")
+        stamp = parse_timestamp(head, default_year=year)
         if stamp is not None:
             return stamp
+        if start == 0:
+            return None
+        end, pos = start - 1, start - 1
     return None
+
+
+def _errorish_lines(chunk: Chunk) -> list[str]:
+    """The last error-ish line of a chunk as 'line_no: text' (for an unknown verdict)."""
+    data = chunk.low
+    base = max(0, len(data) - (1 << 16))  # the chunk's last 64 KB
+    found = list(_ERRORISH.finditer(data, base))
+    if not found:
+        return []
+    pos = found[-1].start()
+    start = data.rfind(b"\n", 0, pos) + 1
+    end = data.find(b"\n", pos)
+    line = chunk.line(start, len(data) if end < 0 else end)
+    line_no = chunk.first_line + data.count(b"\n", 0, start)
+    return [f"{line_no}: {line.strip()}"]
 
 
 def _evidence(match: Match) -> str:
@@ -263,17 +423,14 @@ def _also_seen(matches: list[Match], best: Match) -> str:
     return f". Also seen, later or as consequences: {listed}"
 
 
-_ERRORISH = re.compile(r"error|exception|fatal|failed|traceback|abort|killed", re.IGNORECASE)
+_ERRORISH = re.compile(rb"error|exception|fatal|failed|traceback|abort|killed")  # on lower case
 
 
-def _unknown(lines: dict[str, list[str]]) -> Diagnosis:
+def _unknown(tails: dict[str, list[str]]) -> Diagnosis:
     evidence = ""
-    for name, file_lines in lines.items():
-        for index in range(len(file_lines) - 1, -1, -1):
-            if _ERRORISH.search(file_lines[index]):
-                evidence = f"{name}:{index + 1}: {file_lines[index].strip()[:MAX_EVIDENCE_CHARS]}"
-                break
-        if evidence:
+    for name, tail in tails.items():
+        if tail:
+            evidence = f"{name}:{tail[-1]}"[:MAX_EVIDENCE_CHARS + len(name) + 12]
             break
     return Diagnosis(category="unknown", root_cause="no known failure pattern matched",
                      evidence=evidence, action="read the last error lines of each rank's log; "

@@ -5,11 +5,15 @@ its outcome (also written to the knowledge base: anomaly, action, outcome).
 - ``skip_batch``: drop this batch's update (gradients set to ``None``, so the optimizer leaves
   every parameter and its state untouched) on a loss spike or non-finite gradients.
 - ``halve_lr``: multiply every parameter group's LR (and a scheduler's ``base_lrs``) by
-  ``factor`` on a plateau, at most once per ``cooldown_steps``.
+  ``factor`` on a plateau, at most once per ``cooldown_steps``. Judged against the
+  counterfactual of a plateau (the loss would have stayed at the plateau's median): recovered
+  when the median loss of the next quarter-window is at least ``min_rel_improvement`` (the
+  plateau rule's 1 %) below the plateau's median, not on any decrease.
 - ``rollback``: on divergence (``patience`` consecutive flagged steps), restore the last good
   checkpoint at least ``rewind_steps`` before the first flagged step through a ``restore(step)``
   callable, and tell the loop to skip ``skip_batches`` data batches (PaLM: restart ~100 steps
-  earlier and skip 200-500 batches).
+  earlier and skip 200-500 batches). Judged only after ``max(4 * patience, 10)`` steps have
+  actually run after the restore: recovered when none of them was flagged.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class PendingOutcome:
     record: InterventionRecord
     due_step: int
     check: Callable[[], tuple[str, dict[str, Any]]] = field(repr=False)
+    steps_left: int = 0  # steps that must still run (a rollback re-runs steps below due_step)
 
 
 class InterventionLog:
@@ -75,14 +80,19 @@ class InterventionLog:
         return rec
 
     def expect(self, rec: InterventionRecord, due_step: int,
-               check: Callable[[], tuple[str, dict[str, Any]]]) -> None:
-        """Judge ``rec``'s outcome with ``check()`` at the end of ``due_step``."""
-        self.pending.append(PendingOutcome(record=rec, due_step=due_step, check=check))
+               check: Callable[[], tuple[str, dict[str, Any]]], *, min_steps: int = 0) -> None:
+        """Judge ``rec``'s outcome with ``check()`` at the end of ``due_step``, and not before
+        ``min_steps`` more steps have run (after a rollback the step counter goes back)."""
+        self.pending.append(PendingOutcome(record=rec, due_step=due_step, check=check,
+                                           steps_left=min_steps))
 
     def settle(self, step: int) -> None:
-        """Evaluate the outcomes that are due."""
-        due = [p for p in self.pending if p.due_step <= step]
-        self.pending = [p for p in self.pending if p.due_step > step]
+        """Evaluate the outcomes that are due (call once per finished step)."""
+        for p in self.pending:
+            p.steps_left -= 1
+        ready = [p.due_step <= step and p.steps_left <= 0 for p in self.pending]
+        due = [p for p, r in zip(self.pending, ready) if r]
+        self.pending = [p for p, r in zip(self.pending, ready) if not r]
         for p in due:
             outcome, evidence = p.check()
             p.record.outcome = outcome

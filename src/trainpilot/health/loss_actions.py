@@ -55,13 +55,19 @@ class LossActions:
             self.store.log_event("lr_change", step, {"before": before, "after": after},
                                  name="halve_lr")
 
+        threshold = self.config.rules.slow_convergence.min_rel_improvement
+
         def check() -> tuple[str, dict[str, Any]]:
+            # Counterfactual: on a plateau the loss would have stayed at the plateau's median.
             later = [loss for s, loss, _ in self._losses if s > step]
             if not later:
                 return "unknown", {}
             after_median = statistics.median(later[-(window // 4):])
-            ok = after_median < rec.before["median_loss"]
-            return ("recovered" if ok else "not_recovered"), {"median_loss": after_median}
+            gain = (rec.before["median_loss"] - after_median) / abs(rec.before["median_loss"])
+            ok = gain >= threshold
+            return ("recovered" if ok else "not_recovered"), {
+                "median_loss": after_median, "gain_vs_plateau": gain,
+                "threshold": threshold, "counterfactual": "the plateau's median loss"}
 
         self.interventions.expect(rec, step + max(8, window // 4), check)
 
@@ -102,12 +108,17 @@ class LossActions:
         patience = self.config.rules.divergence_risk.patience
         due = target + max(4 * patience, 10)
 
-        def check() -> tuple[str, dict[str, Any]]:
-            flagged = [a for a in self.alerts.log
-                       if a.rule == "divergence_risk" and a.step > target]
-            return ("not_recovered" if self._consecutive_flags else "recovered"), {
-                "steps_after_resume": due - target, "divergence_alerts_after": len(flagged)}
+        resumed_from = len(self.alerts.log)
 
-        self.interventions.expect(rec, due, check)
+        def check() -> tuple[str, dict[str, Any]]:
+            flagged = [a for a in self.alerts.log[resumed_from:] if a.rule == "divergence_risk"]
+            ok = not flagged and not self._consecutive_flags
+            return ("recovered" if ok else "not_recovered"), {
+                "steps_after_resume": due - target, "divergence_alerts_after": len(flagged),
+                "threshold": "no flagged loss in the steps after resuming"}
+
+        # Judged once due - target steps have really run after the restore (not at once: the
+        # step counter was rewound below `due`).
+        self.interventions.expect(rec, due, check, min_steps=due - target)
         return Directive(skipped_update=state.skipped, rollback_to=target,
                          skip_batches=cfg.skip_batches)

@@ -35,7 +35,8 @@ from trainpilot.health.interventions import (InterventionLog, RestoreFn, clip_gr
                                              drop_gradients)
 from trainpilot.health.loss_actions import LossActions
 from trainpilot.health.records import Directive, StepRecord
-from trainpilot.health.score import HealthScore, ScoreInputs, health_score
+from trainpilot.health.score import (LEARN_AFTER_STEPS, SPIKE_MEMORY_STEPS, HealthScore,
+                                     ScoreInputs, health_score)
 from trainpilot.health.stragglers import StragglerDetector
 from trainpilot.store.runstore import RunStore
 
@@ -104,6 +105,8 @@ class HealthMonitor(LossActions):
         self._last_forecast = time.monotonic()
         self._last_lr_change = -10**9
         self._last_fault_step: int | None = None
+        self._last_spike_step: int | None = None  # a flagged loss whose update was applied
+        self._first_losses: list[float] = []  # the run's first 20 finite losses
         self._last_step = 0
         # False when another writer (the runtime's RunRecorder) records the runtime's events.
         self.log_events = True
@@ -194,6 +197,7 @@ class HealthMonitor(LossActions):
             "losses": [[s, loss, lr] for s, loss, lr in self._losses],
             "segment_from": self._segment_from, "improvement": self._improvement,
             "last_lr_change": self._last_lr_change, "last_fault_step": self._last_fault_step,
+            "last_spike_step": self._last_spike_step, "first_losses": list(self._first_losses),
             "last_step": self._last_step,
         }
 
@@ -214,6 +218,8 @@ class HealthMonitor(LossActions):
         self._improvement = state["improvement"]
         self._last_lr_change = int(state["last_lr_change"])
         self._last_fault_step = state["last_fault_step"]
+        self._last_spike_step = state.get("last_spike_step")
+        self._first_losses = [float(x) for x in state.get("first_losses", [])]
         self._last_step = int(state["last_step"])
         self._state = None
 
@@ -329,6 +335,9 @@ class HealthMonitor(LossActions):
             elif state.loss_score and not state.skipped:
                 # A flagged loss whose update landed changes the curve's regime: refit after it.
                 self._segment_from = rec.step + 1
+                self._last_spike_step = rec.step
+        if len(self._first_losses) < 20 and math.isfinite(rec.loss):
+            self._first_losses.append(rec.loss)
         score = self._score(rec, state, metrics)
         metrics.update(score.as_metrics())
         self.last_score = score
@@ -453,6 +462,13 @@ class HealthMonitor(LossActions):
         timings = tuple(t.compute_s for t in rec.rank_timings or () if t.compute_s is not None)
         recent_fault = (self._last_fault_step is not None
                         and 0 <= rec.step - self._last_fault_step <= FAULT_MEMORY_STEPS)
+        recent_spike = (self._last_spike_step is not None
+                        and 0 <= rec.step - self._last_spike_step <= SPIKE_MEMORY_STEPS)
+        learned = None
+        recent = [loss for _, loss, _ in self._losses[-20:]]
+        if len(self._losses) >= LEARN_AFTER_STEPS and len(self._first_losses) == 20 and recent:
+            first = statistics.median(self._first_losses)
+            learned = (first - statistics.median(recent)) / abs(first) if first else 0.0
         inputs = ScoreInputs(
             finite=math.isfinite(rec.loss) and (g is None or g.finite),
             grad_norm=g.grad_norm if g else None,
@@ -469,7 +485,8 @@ class HealthMonitor(LossActions):
             loss_above_trend=bool(s and s.prediction is not None and s.value > s.prediction),
             z_threshold=rules.divergence_risk.z,
             improvement=self._improvement,
-            min_rel_improvement=rules.slow_convergence.min_rel_improvement)
+            min_rel_improvement=rules.slow_convergence.min_rel_improvement,
+            learned_rel=learned, recent_spike=recent_spike)
         return health_score(inputs)
 
     def _maybe_forecast(self, *, force: bool = False) -> None:

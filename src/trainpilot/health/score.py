@@ -13,11 +13,26 @@ hardware      = memory * evenness * faults, with
     evenness = median(compute_s over ranks) / max(compute_s)  (1 with one rank; 0.8 for a
                                                                1.25x straggler)
     faults   = 0.5 if a fault event was recorded in the last 100 steps, else 1
-convergence   = 0 if the loss is non-finite, else trend * progress, with
-    trend    = 1 - clip((z - 3) / (z_threshold - 3), 0, 1) for a loss above its trend (z is the
-               robust z-score of the divergence detector), 1 otherwise
+convergence   = 0 if the loss is non-finite, else trend * progress * learning * recovery, with
+    trend    = 1 - clip((z - 4.5) / (z_threshold - 4.5), 0, 1) for a loss above its trend (z is
+               the robust z-score of the divergence detector; batch noise up to z = 4.5 is free),
+               1 otherwise
     progress = clip(0.5 + 0.5 * improvement / min_rel_improvement, 0.5, 1) once the plateau window
                is full (a flat loss halves this part), 1 before
+    learning = 0 once LEARN_AFTER_STEPS (100) losses are known if the median of the last 20 is
+               not LEARN_MIN_REL (2 %) below the median of the first 20 (a run that learns
+               nothing), else 1
+    recovery = 0.2 for SPIKE_MEMORY_STEPS (50) steps after a loss flagged by the divergence
+               detector whose update was applied (a damaging spike), else 1
+
+What a score means (the bands documented in docs/health.md, from the measured clean, non-
+learning and spiked toy runs of tests/health/test_score_calibration.py):
+    90-100  healthy: keep going
+    80-90   watch: one part is degraded (a spike in the last 50 steps, a straggler, comm share
+            above 25 %, memory above the pressure threshold); read the parts and the alerts
+    60-80   act: a part has failed (the run stopped learning, a stall, a fault in the last 100
+            steps, a gradient explosion); the alert says what
+    0-60    failing: several parts have failed; stop and diagnose
 """
 
 from __future__ import annotations
@@ -28,7 +43,17 @@ from dataclasses import dataclass
 PART_WEIGHT = 25.0
 EXPLOSION_FACTOR = 10.0  # a norm this many times its recent median starts to cost
 COMM_SHARE_OK = 0.25
-Z_OK = 3.0
+Z_OK = 4.5
+LEARN_AFTER_STEPS, LEARN_MIN_REL = 100, 0.02
+SPIKE_MEMORY_STEPS, SPIKE_RECOVERY = 50, 0.2
+BANDS = ((90.0, "healthy"), (80.0, "watch"), (60.0, "act"), (0.0, "failing"))
+
+
+def band(score: float | None) -> str:
+    """The band a score falls in ("healthy", "watch", "act", "failing"; "unknown" for None)."""
+    if score is None or score != score:
+        return "unknown"
+    return next(name for low, name in BANDS if score >= low)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +77,8 @@ class ScoreInputs:
     z_threshold: float = 6.0
     improvement: float | None = None
     min_rel_improvement: float = 0.01
+    learned_rel: float | None = None  # (first-20 median - last-20 median) / first; None early
+    recent_spike: bool = False  # a damaging spike in the last SPIKE_MEMORY_STEPS steps
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +146,9 @@ def convergence(i: ScoreInputs) -> float:
     progress = 1.0
     if i.improvement is not None and i.min_rel_improvement > 0:
         progress = min(1.0, max(0.5, 0.5 + 0.5 * i.improvement / i.min_rel_improvement))
-    return trend * progress
+    learning = 0.0 if i.learned_rel is not None and i.learned_rel < LEARN_MIN_REL else 1.0
+    recovery = SPIKE_RECOVERY if i.recent_spike else 1.0
+    return trend * progress * learning * recovery
 
 
 def health_score(inputs: ScoreInputs) -> HealthScore:

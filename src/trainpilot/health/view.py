@@ -12,6 +12,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from trainpilot.health.score import band
 from trainpilot.store.runstore import RunStore
 
 KEY_METRICS = ("loss", "loss_trend", "lr", "grad_norm", "update_ratio", "zero_grad_frac",
@@ -70,6 +71,7 @@ def snapshot(store: RunStore, *, num_events: int = 12) -> dict[str, Any]:
         step=step,
         metrics={k: latest[k] for k in KEY_METRICS if k in latest},
         health={"score": latest.get("health/score"),
+                "band": band(latest.get("health/score")),
                 **{p: latest.get(f"health/{p}") for p in PARTS}},
         active_alerts=active_alerts(store),
         events=[dict(id=e.id, step=e.step, kind=e.kind, severity=e.severity, name=e.name,
@@ -87,7 +89,8 @@ def _forecast_brief(fc: dict[str, Any] | None) -> dict[str, Any] | None:
     if not fc:
         return None
     keys = ("made_at_step", "total_steps", "model", "final_loss", "final_lo", "final_hi",
-            "target_loss", "target_step", "target_lo", "target_hi")
+            "target_loss", "target_step", "target_lo", "target_hi", "reliable", "note",
+            "interval_source")
     return {k: fc.get(k) for k in keys}
 
 
@@ -114,7 +117,8 @@ def render(snap: dict[str, Any], *, title: str = "") -> Group:
     health = snap["health"]
     score = health.get("score")
     head = Text(f"{title}  step {_fmt(snap['step'])}  ", style="bold")
-    head.append(f"health {score:.0f}/100" if score is not None else "health -",
+    head.append(f"health {score:.0f}/100 ({health.get('band', band(score))})"
+                if score is not None else "health -",
                 style="bold green" if (score or 0) >= 80 else "bold yellow"
                 if (score or 0) >= 50 else "bold red")
     parts = Table(show_header=False, box=None, padding=(0, 1))
@@ -126,9 +130,11 @@ def render(snap: dict[str, Any], *, title: str = "") -> Group:
         metrics.add_row(key, _fmt(value))
     if snap.get("forecast"):
         fc = snap["forecast"]
-        metrics.add_row("forecast final loss",
-                        f"{_fmt(fc['final_loss'])} [{_fmt(fc['final_lo'])}, "
-                        f"{_fmt(fc['final_hi'])}] at step {fc['total_steps']}")
+        text = (f"{_fmt(fc['final_loss'])} [{_fmt(fc['final_lo'])}, "
+                f"{_fmt(fc['final_hi'])}] at step {fc['total_steps']}")
+        if fc.get("reliable") is False:
+            text += f" (unreliable: {fc.get('note')})"
+        metrics.add_row("forecast final loss", text)
     for rank, ratio in (snap.get("stragglers") or {}).items():
         if ratio >= 1.2:
             metrics.add_row(f"straggler rank {rank}", f"{ratio:.2f}x", style="yellow")

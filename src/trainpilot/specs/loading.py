@@ -30,9 +30,12 @@ def read_document(path: str | os.PathLike, *, doc: str = "file") -> dict[str, An
     """Parse a YAML or JSON file into a mapping; SpecError on anything else."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise SpecError(doc, str(path), f"cannot read the file ({err.strerror})") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(doc, str(path), f"valid: a UTF-8 YAML/JSON text file (byte "
+                        f"{err.start} is not UTF-8)") from None
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (yaml.YAMLError, json.JSONDecodeError) as err:

@@ -10,6 +10,7 @@ Readers open the file with ``mode=ro`` and see every committed batch while train
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from trainpilot.specs.errors import SpecError
+from trainpilot.store import rollup
 from trainpilot.store.schema import DDL, KIND_SQL, LEGACY_KINDS, SCHEMA_VERSION, STORE_FILENAME
 
 
@@ -82,12 +84,38 @@ def store_path(run_dir: str | os.PathLike) -> Path:
 
 
 def _connect_writer(path: Path, *, durable: bool) -> sqlite3.Connection:
+    if path.parent.exists() and not path.parent.is_dir():
+        raise SpecError("run_dir", str(path.parent), "valid: a directory (this is a file)")
+    if path.exists() and not path.is_file():
+        raise SpecError("run_dir", str(path.parent), f"valid: a run directory whose "
+                        f"{STORE_FILENAME} is a file")
     path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-    conn.executescript(DDL)
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+        conn.executescript(DDL)
+        _upgrade(conn)
+    except sqlite3.DatabaseError as err:
+        raise SpecError("run_dir", str(path.parent),
+                        f"its {STORE_FILENAME} is not a trainpilot store ({err})") from None
     return conn
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """A store written before schema 2 gets its summaries built from its rows (once)."""
+    row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    if row is None or int(row[0]) >= SCHEMA_VERSION:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        rollup.rebuild(conn)
+        conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)",
+                     (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _num(value: Any) -> float | None:
@@ -119,6 +147,7 @@ class RunStore:
         self._pending_steps: dict[int, float] = {}  # step -> time first logged
         self._last_flush = time.monotonic()
         self._exporters: list[Exporter] = []
+        self.has_rollups = True  # schema 2 (a writer upgrades older stores when it opens them)
 
     # ----------------------------------------------------------------------------- opening
     @classmethod
@@ -186,6 +215,33 @@ class RunStore:
             run_id = row[0]
         return cls(conn, path, writable=True, run_id=run_id)
 
+    END_STATUSES = ("completed", "failed", "crashed", "interrupted")
+
+    @classmethod
+    def close_run(cls, run_dir: str | os.PathLike, *, status: str, reason: str = "",
+                  exit_code: int | None = None) -> bool:
+        """Close a run whose writer could not: it was killed, crashed, or its launcher gave up
+        (call from the launcher or agent after the workers have exited). Sets the status and end
+        time and logs a ``run_end`` event with the reason; does nothing to a run already closed
+        (returns False) and refuses a directory without a store (SpecError)."""
+        if status not in cls.END_STATUSES:
+            raise SpecError("status", status, f"valid: {', '.join(cls.END_STATUSES)}")
+        cls.open_readonly(run_dir).close()  # exists and is a store
+        store = cls.append(run_dir)
+        try:
+            run = store.run()
+            if run is not None and run.status != "running":
+                return False
+            store.set_status(status)
+            store.log_event("run_end", store.latest_step(), dict(
+                status=status, reason=reason, exit_code=exit_code, closed_by=os.getpid()),
+                severity="critical" if status in ("failed", "crashed") else "info",
+                name="run_end", message=f"run closed as {status}" + (
+                    f": {reason}" if reason else ""))
+            return True
+        finally:
+            store.close()
+
     @classmethod
     def open_readonly(cls, run_dir: str | os.PathLike) -> "RunStore":
         """Open a run's store for reading while (or after) training writes it."""
@@ -195,8 +251,20 @@ class RunStore:
                             f"valid: a run directory containing {STORE_FILENAME}")
         uri = f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro"
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
-        row = conn.execute("SELECT run_id FROM runs LIMIT 1").fetchone()
-        return cls(conn, path, writable=False, run_id=row[0] if row else "")
+        try:
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table'")}
+            if "runs" not in tables or "metrics" not in tables:
+                raise sqlite3.DatabaseError("no runs or metrics table")
+            row = conn.execute("SELECT run_id FROM runs LIMIT 1").fetchone()
+        except sqlite3.DatabaseError as err:
+            conn.close()
+            raise SpecError("run_dir", str(run_dir),
+                            f"its {STORE_FILENAME} is not a readable trainpilot store ({err})"
+                            ) from None
+        store = cls(conn, path, writable=False, run_id=row[0] if row else "")
+        store.has_rollups = {"rollups", "series", "batches"} <= tables
+        return store
 
     def __enter__(self) -> "RunStore":
         return self
@@ -317,6 +385,7 @@ class RunStore:
                              sorted(self._pending_steps.items()))
             conn.executemany("INSERT OR REPLACE INTO rank_timings VALUES (?, ?, ?, ?, ?, ?, ?)",
                              self._pending_timings)
+            self._write_summaries(conn)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -325,6 +394,36 @@ class RunStore:
             self.flushed_step = max(self._pending_steps)
         self._pending_metrics, self._pending_timings = [], []
         self._pending_steps = {}
+
+    def _write_summaries(self, conn: sqlite3.Connection) -> None:
+        """The batch's rollups, series rows and cursor row (trainpilot.store.rollup)."""
+        touched: dict[str, set[int]] = {}
+        last: dict[str, tuple[int, int, float | None]] = {}  # name -> (first, last, value)
+        for name, step, value in self._pending_metrics:
+            touched.setdefault(rollup.metric_key(name), set()).add(step)
+            first, top, top_value = last.get(name, (step, step, value))
+            if step >= top:
+                top, top_value = step, value
+            last[name] = (min(first, step), top, top_value)
+        timing_steps = set()
+        for row in self._pending_timings:
+            step, rank = row[0], row[1]
+            timing_steps.add(step)
+            for column in rollup.TIMING_COLUMNS:
+                touched.setdefault(rollup.timing_key(rank, column), set()).add(step)
+        rollup.update(conn, touched)
+        conn.executemany(
+            "INSERT INTO series VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+            "first_step=min(first_step, excluded.first_step), "
+            "last_value=CASE WHEN excluded.last_step >= last_step THEN excluded.last_value "
+            "ELSE last_value END, last_step=max(last_step, excluded.last_step)",
+            [(n, f, t, v) for n, (f, t, v) in last.items()])
+        metric_steps = [s for _, s, _ in self._pending_metrics]
+        conn.execute("INSERT INTO batches (time, metric_lo, metric_hi, timing_lo, timing_hi) "
+                     "VALUES (?, ?, ?, ?, ?)",
+                     (time.time(), min(metric_steps, default=None),
+                      max(metric_steps, default=None), min(timing_steps, default=None),
+                      max(timing_steps, default=None)))
 
     def close(self, status: str | None = None) -> None:
         """Flush, record the final status (writer) and close. Safe to call twice."""
@@ -356,10 +455,36 @@ class RunStore:
     def documents(self) -> dict[str, dict[str, Any]]:
         return {k: json.loads(b) for k, b in self._rows("SELECT kind, body_json FROM documents")}
 
+    @contextlib.contextmanager
+    def snapshot(self):
+        """Reads inside this block see one committed state of the file (a read transaction;
+        other threads sharing this store wait). Nested blocks join the outer one."""
+        with self._lock:
+            if self._conn.in_transaction:
+                yield self
+                return
+            self._conn.execute("BEGIN")
+            try:
+                yield self
+            finally:
+                self._conn.execute("COMMIT")
+
     def metric_names(self, prefix: str = "") -> list[str]:
-        rows = self._rows("SELECT DISTINCT name FROM metrics WHERE name >= ? AND name < ? "
-                          "ORDER BY name", (prefix, prefix + "\U0010ffff"))
-        return [r[0] for r in rows]
+        """Every metric name (under ``prefix``), sorted. O(names), not O(rows)."""
+        if self.has_rollups:
+            rows = self._rows("SELECT name FROM series WHERE name >= ? AND name < ? "
+                              "ORDER BY name", (prefix, prefix + "\U0010ffff"))
+            return [r[0] for r in rows]
+        # A schema-1 store: hop from name to name along the (name, step) key.
+        names, current = [], prefix
+        with self._lock:
+            row = self._conn.execute("SELECT name FROM metrics WHERE name >= ? ORDER BY name "
+                                     "LIMIT 1", (current,)).fetchone()
+            while row is not None and row[0].startswith(prefix):
+                names.append(row[0])
+                row = self._conn.execute("SELECT name FROM metrics WHERE name > ? ORDER BY "
+                                         "name LIMIT 1", (row[0],)).fetchone()
+        return names
 
     def metrics(self, names: Iterable[str] | None = None, *, since_step: int | None = None,
                 until_step: int | None = None) -> dict[str, list[tuple[int, float]]]:
@@ -392,6 +517,10 @@ class RunStore:
 
     def latest_metrics(self, prefix: str = "") -> tuple[int | None, dict[str, float]]:
         """(latest step, each metric's most recent value), optionally for names under a prefix."""
+        if self.has_rollups:
+            rows = self._rows("SELECT name, last_value FROM series WHERE name >= ? AND name < ?",
+                              (prefix, prefix + "\U0010ffff"))
+            return self.latest_step(), {n: _val(v) for n, v in rows}
         rows = self._rows(
             "SELECT m.name, m.value FROM metrics m JOIN (SELECT name, MAX(step) AS s FROM metrics "
             "WHERE name >= ? AND name < ? GROUP BY name) last ON m.name = last.name AND "
@@ -419,10 +548,55 @@ class RunStore:
         return [Event(id=r[0], time=r[1], step=r[2], kind=r[3], severity=r[4], name=r[5],
                       message=r[6], payload=json.loads(r[7] or "{}")) for r in rows]
 
-    def rank_timings(self, *, since_step: int | None = None) -> list[RankTiming]:
+    def batch_cursor(self) -> int:
+        """The id of the last committed batch (0 before any, or for a schema-1 store)."""
+        if not self.has_rollups:
+            return 0
+        return self._rows("SELECT COALESCE(MAX(id), 0) FROM batches")[0][0]
+
+    def batches_since(self, since_id: int) -> tuple[int, tuple[int, int] | None,
+                                                    tuple[int, int] | None]:
+        """(last batch id, metric step range, timing step range) of the batches committed
+        after ``since_id``: every row written since lies in those ranges (ranges None: none)."""
+        row = self._rows("SELECT MAX(id), MIN(metric_lo), MAX(metric_hi), MIN(timing_lo), "
+                         "MAX(timing_hi) FROM batches WHERE id > ?", (since_id,))[0]
+        if row[0] is None:
+            return since_id, None, None
+        metric = None if row[1] is None else (row[1], row[2])
+        timing = None if row[3] is None else (row[3], row[4])
+        return row[0], metric, timing
+
+    def window(self, key: str, lo: int, hi: int, max_points: int, *, mode: str = "m4",
+               ) -> tuple[list[tuple[int, float | None]], bool]:
+        """(points, downsampled) of one series (``rollup.metric_key(name)`` or
+        ``rollup.timing_key(rank, column)``) in steps [lo, hi]; see trainpilot.store.rollup."""
+        with self._lock:
+            return rollup.read_window(self._conn, key, lo, hi, max_points, mode=mode,
+                                      have_rollups=self.has_rollups)
+
+    def step_range(self) -> tuple[int | None, int | None]:
+        """(first, last) step logged."""
+        # Two queries: SQLite answers a lone MIN or MAX from the key in O(log n), both at once
+        # by a scan (0.4 s on a million steps).
+        return (self._rows("SELECT MIN(step) FROM steps")[0][0],
+                self._rows("SELECT MAX(step) FROM steps")[0][0])
+
+    def ranks(self) -> list[int]:
+        """The ranks with timings. O(ranks) on a schema-2 store."""
+        if self.has_rollups:
+            rows = self._rows("SELECT DISTINCT CAST(substr(key, 3, instr(substr(key, 3), '/') - 1)"
+                              " AS INTEGER) FROM rollups WHERE key >= 'r/' AND key < 'r0' AND "
+                              "width = ?", (rollup.WIDTHS[-1],))
+            return sorted(r[0] for r in rows)
+        return [r[0] for r in self._rows("SELECT DISTINCT rank FROM rank_timings ORDER BY rank")]
+
+    def rank_timings(self, *, since_step: int | None = None,
+                     until_step: int | None = None) -> list[RankTiming]:
+        """Timings with steps in (since_step, until_step], by step then rank."""
         rows = self._rows("SELECT step, rank, step_s, compute_s, comm_s, data_s FROM "
-                          "rank_timings WHERE step > ? ORDER BY step, rank",
-                          (-1 << 62 if since_step is None else since_step,))
+                          "rank_timings WHERE step > ? AND step <= ? ORDER BY step, rank",
+                          (-1 << 62 if since_step is None else since_step,
+                           1 << 62 if until_step is None else until_step))
         return [RankTiming(step=r[0], rank=r[1], step_s=r[2], compute_s=r[3], comm_s=r[4],
                            data_s=r[5]) for r in rows]
 

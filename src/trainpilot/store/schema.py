@@ -9,7 +9,11 @@ step index doubled that; the small ``steps`` table answers "latest step" and "wh
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+from trainpilot.store.rollup import ROLLUP_DDL
+
+# 2: the series, rollups and batches tables (trainpilot.store.rollup); a version-1 store reopened
+# for writing gets them built from its rows.
+SCHEMA_VERSION = 2
 STORE_FILENAME = "trainpilot.db"
 
 # Event kinds the readers know how to draw; any other kind is stored as given. ``run_resumed``:
@@ -99,4 +103,4 @@ CREATE TABLE IF NOT EXISTS knowledge (
     payload_json TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS knowledge_by_anomaly ON knowledge (anomaly);
-"""
+""" + ROLLUP_DDL

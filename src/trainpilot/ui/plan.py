@@ -10,9 +10,12 @@ time of the run, first step (warm-up) excluded.
 from __future__ import annotations
 
 import json
-import statistics
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from trainpilot.store import RunStore
 from trainpilot.ui.runs import finite
@@ -38,17 +41,62 @@ def _read_yaml(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+class _Values:
+    """A metric's values after its first step, kept per open store and extended with only the
+    rows of batches committed since (a live dashboard asks every few seconds)."""
+
+    def __init__(self):
+        self.batch, self.last_step, self.first_step = -1, None, None
+        self.values = np.empty(0)
+
+
+_CACHE: "weakref.WeakKeyDictionary[RunStore, dict[str, _Values]]" = weakref.WeakKeyDictionary()
+_CACHE_LOCK = threading.Lock()
+
+
+def values_after_first(store: RunStore, name: str) -> np.ndarray:
+    """Finite values of metric ``name`` at every step after its first (warm-up) step; O(new
+    rows) per call on a store with batches (schema 2), O(rows) otherwise."""
+    with _CACHE_LOCK:
+        cache = _CACHE.setdefault(store, {}).setdefault(name, _Values())
+    with store.snapshot():
+        batch = store.batch_cursor()
+        if store.has_rollups and cache.last_step is not None:
+            _, metric, _ = store.batches_since(cache.batch)
+            if metric is None:
+                return cache.values
+            if metric[0] > cache.last_step:  # only new steps: extend
+                rows = store.metrics([name], since_step=cache.last_step)[name]
+                return _extend(cache, rows, batch)
+        rows = store.metrics([name])[name]
+        cache.values, cache.last_step, cache.first_step = np.empty(0), None, None
+        if rows:
+            cache.first_step = rows[0][0]
+            rows = rows[1:]
+            cache.last_step = cache.first_step
+        return _extend(cache, rows, batch)
+
+
+def _extend(cache: _Values, rows: list[tuple[int, float]], batch: int) -> np.ndarray:
+    if rows:
+        new = np.fromiter((v for _, v in rows), dtype=np.float64, count=len(rows))
+        cache.values = np.concatenate([cache.values, new[np.isfinite(new)]])
+        cache.last_step = rows[-1][0]
+    cache.batch = batch
+    return cache.values
+
+
 def measured_step_time(store: RunStore) -> tuple[float | None, int]:
-    """(median step time in seconds over steps after the first, number of steps used)."""
-    steps, values = store.series("step_time_s")
-    timed = [v for s, v in zip(steps, values) if s > min(steps) and finite(v) is not None] \
-        if steps else []
-    if not timed and steps:
-        timed = [v for v in values if finite(v) is not None]
-    if not timed:
+    """(median step time in seconds over steps after the first, number of steps used). O(n):
+    a selection (``np.median`` partitions), never a sort inside a loop."""
+    timed = values_after_first(store, "step_time_s")
+    if not len(timed):
+        steps, values = store.series("step_time_s")
+        timed = np.asarray([v for v in values if finite(v) is not None], dtype=np.float64)
+    if not len(timed):
         per_rank = [t.step_s for t in store.rank_timings() if t.rank == 0 and t.step_s]
-        timed = per_rank[1:] or per_rank
-    return (statistics.median(timed) if timed else None), len(timed)
+        timed = np.asarray(per_rank[1:] or per_rank, dtype=np.float64)
+    return (float(np.median(timed)) if len(timed) else None), int(len(timed))
 
 
 def recorded_prediction(store: RunStore, docs: dict[str, Any], run_dir: Path | None,

@@ -30,8 +30,11 @@ def _median(values: list[float | None], *, skip_first: bool = False) -> float | 
     return statistics.median(vals) if vals else None
 
 
-def summary(data: dict[str, Any]) -> dict[str, Any]:
-    """The numbers at the top of the report, from a run's data (``run_data``)."""
+def summary(data: dict[str, Any], medians: dict[str, float | None] | None = None,
+            ) -> dict[str, Any]:
+    """The numbers at the top of the report, from a run's data (``run_data``); ``medians``
+    (full-resolution medians read from the store) replace those of the drawn, possibly
+    downsampled, series."""
     s, events, run = data["series"], data["events"], data["run"] or {}
 
     def values(name: str) -> list[float | None]:
@@ -45,8 +48,10 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
     health = {k: (values(f"health/{k}") or [None])[-1]
               for k in ("score", "gradient_flow", "communication", "hardware", "convergence")}
     end = run.get("ended_time")
-    return dict(
-        steps=data["cursor"]["step"], first_loss=losses[0] if losses else None,
+    medians = medians or {}
+    out = dict(
+        steps=data.get("latest_step", data["cursor"]["step"]),
+        first_loss=losses[0] if losses else None,
         last_loss=losses[-1] if losses else None, min_loss=min(losses) if losses else None,
         median_step_time_s=_median(values("step_time_s"), skip_first=True),
         median_tokens_per_s=_median(values("tokens_per_s"), skip_first=True),
@@ -58,7 +63,10 @@ def summary(data: dict[str, Any]) -> dict[str, Any]:
         num_checkpoints=count("checkpoint"), num_faults=count("fault"),
         num_restarts=count("restart"),
         duration_s=(end - run["started_time"]) if end and run.get("started_time") else None,
-        forecast=data.get("forecast"))
+        forecast=data.get("forecast"),
+        downsampled=any(v.get("downsampled") for v in s.values()))
+    out.update({k: v for k, v in medians.items() if k in out})
+    return out
 
 
 def interventions(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -128,8 +136,31 @@ def _fmt(value: Any, digits: int = 4) -> str:
 
 
 def _script_safe(text: str) -> str:
-    """Text for an inline <script>: '</' can close the element, so it is escaped as '<\\/'."""
-    return text.replace("</", "<\\/")
+    """JavaScript source for an inline <script>: '</' could close the element and '<!--' could
+    start the parser's double-escaped state, so both are broken up ('<\\/', '<\\!--')."""
+    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def json_for_script(data: Any) -> str:
+    """JSON safe inside any <script> element: every '<', '>' and '&' (only ever inside JSON
+    strings) is written as its \\u escape, so store text such as '<!--<script' or
+    '</script>' cannot end or re-mode the element; ``JSON.parse`` reads the same value."""
+    return (json.dumps(data, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
+
+
+def _medians(store: RunStore) -> dict[str, float | None]:
+    """Medians over every step after the first (full resolution, not the drawn points)."""
+    import numpy as np
+
+    from trainpilot.ui.plan import values_after_first
+
+    out = {}
+    for key, name in (("median_step_time_s", "step_time_s"),
+                      ("median_tokens_per_s", "tokens_per_s")):
+        values = values_after_first(store, name)
+        out[key] = float(np.median(values)) if len(values) else None
+    return out
 
 
 def build_report(run_dir: str | os.PathLike) -> str:
@@ -143,6 +174,7 @@ def build_report(run_dir: str | os.PathLike) -> str:
         data = run_data(store)
         plan = plan_section(store, run_dir)
         goodput = goodput_section(store)
+        medians = _medians(store)
     plotly_js = plotly_js_path().read_text(encoding="utf-8")
     if "</script" in plotly_js.lower():
         raise RuntimeError("plotly.min.js contains '</script'; it cannot be inlined as is")
@@ -155,24 +187,65 @@ def build_report(run_dir: str | os.PathLike) -> str:
         t).strftime("%Y-%m-%d %H:%M:%S")
     template = env.get_template("report.html")
     return template.render(
-        run=data["run"] or {}, run_dir=str(run_dir), data=data, summary=summary(data),
+        run=data["run"] or {}, run_dir=str(run_dir), data=data,
+        summary=summary(data, medians),
         alerts=[e for e in data["events"] if e["kind"] in ("alert", "diagnosis")],
         interventions=interventions(data["events"]),
         faults=faults_and_recoveries(data["events"]), goodput=goodput, plan=plan,
         version=__version__, generated=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
         style=(STATIC_DIR / "style.css").read_text(encoding="utf-8"),
         plotly_js=plotly_js, charts_js=_script_safe((STATIC_DIR / "charts.js").read_text()),
-        data_json=_script_safe(json.dumps(data, allow_nan=False)))
+        data_json=json_for_script(data))
+
+
+HTML_SUFFIXES = (".html", ".htm")
+PDF_SUFFIX = ".pdf"
+
+
+def check_output(out: str | os.PathLike, *, also_pdf: bool = False) -> tuple[str, Path]:
+    """('html' or 'pdf', path) for an output path, or SpecError: the suffix decides the format
+    (.html/.htm or .pdf), a directory or a path under a file is refused."""
+    from trainpilot.specs.errors import SpecError
+
+    out = Path(out)
+    suffix = out.suffix.lower()
+    if suffix not in HTML_SUFFIXES + (PDF_SUFFIX,):
+        raise SpecError("--output", str(out), "valid: a file name ending in .html, .htm or "
+                        ".pdf (the suffix picks the format)")
+    if out.is_dir():
+        raise SpecError("--output", str(out), "valid: a file path (this is a directory)")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise SpecError("--output", str(out), f"valid: a path in a directory ({parent} "
+                                "is a file)")
+            break
+    if also_pdf and suffix == PDF_SUFFIX:
+        raise SpecError("--pdf", True, "valid: with an .html output (a .pdf output is "
+                        "already the PDF)")
+    return ("pdf" if suffix == PDF_SUFFIX else "html"), out
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike, *,
                  pdf: str | os.PathLike | None = None) -> dict[str, Path]:
-    """Write the HTML report (atomically) and, when asked, its PDF; returns the paths."""
-    out = Path(out)
-    atomic_write_text(out, build_report(run_dir))
+    """Write the report (atomically) to ``out``: HTML for .html/.htm, a PDF printed by headless
+    Chromium for .pdf (from a temporary HTML file); ``pdf`` also prints an HTML report to that
+    path. Returns the paths written by format."""
+    import tempfile
+
+    kind, out = check_output(out)
+    text = build_report(run_dir)
+    if kind == "pdf":
+        from trainpilot.ui.browser import print_to_pdf
+
+        with tempfile.TemporaryDirectory(prefix="trainpilot-report-") as tmp:
+            html_path = Path(tmp) / "report.html"
+            html_path.write_text(text, encoding="utf-8")
+            return {"pdf": print_to_pdf(html_path, out)}
+    atomic_write_text(out, text)
     paths = {"html": out}
     if pdf is not None:
         from trainpilot.ui.browser import print_to_pdf
 
-        paths["pdf"] = print_to_pdf(out, pdf)
+        paths["pdf"] = print_to_pdf(out, check_output(pdf)[1])
     return paths

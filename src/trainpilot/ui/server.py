@@ -6,17 +6,23 @@ Security model (a local tool that may be exposed on purpose):
   outside it); runs are named by keys looked up in the discovered set, never joined to a path.
 - Bound to a loopback address (the default), requests must carry a loopback ``Host`` header: a
   web page elsewhere cannot reach the API through DNS rebinding.
-- Bound anywhere else, a token is required (generated when not given): ``Authorization: Bearer
-  TOKEN``, or ``?token=TOKEN`` once (the answer sets an HttpOnly, SameSite=Strict cookie).
+- Bound anywhere else, a token is required (the CLI refuses to start without one, read from a
+  file or the environment, never argv): ``Authorization: Bearer TOKEN``, or ``?token=TOKEN``
+  once, answered with a redirect that drops it from the address and sets an HttpOnly,
+  SameSite=Strict cookie named per port holding a keyed hash of the token.
 - Every answer carries a Content-Security-Policy that allows only this origin's scripts: plotly.js
-  is served from the installed ``plotly`` package, never a CDN.
+  is served from the package's own vendored copy, never a CDN.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import re
+import hmac
 import ipaddress
 import secrets
+import sqlite3
 import socket
 import urllib.parse
 from importlib import resources
@@ -25,7 +31,8 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from starlette.responses import (FileResponse, JSONResponse, PlainTextResponse, RedirectResponse,
+                                 StreamingResponse)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -51,19 +58,40 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+VENDOR_DIR = Path(str(resources.files("trainpilot.ui") / "vendor"))
+
+
 def plotly_js_path() -> Path:
-    """plotly.js as shipped inside the ``plotly`` Python package (served and inlined by us)."""
-    path = Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
+    """plotly.js (the cartesian bundle, vendored with its licence: ui/vendor/README.md), served
+    by the dashboard and inlined in reports."""
+    path = VENDOR_DIR / "plotly-cartesian.min.js"
     if not path.is_file():
-        raise FileNotFoundError(f"plotly.min.js not found at {path}; reinstall 'plotly'")
+        raise FileNotFoundError(f"plotly.js not found at {path}; reinstall trainpilot")
     return path
 
 
-class Guard:
-    """ASGI middleware: Host check (loopback binding), token check (otherwise), headers."""
+def cookie_name(port: int) -> str:
+    """The token cookie's name for a dashboard on ``port``: cookies are scoped by host, not by
+    port, so one name per port keeps two dashboards on one host from logging each other out."""
+    return f"{TOKEN_COOKIE}_{int(port)}"
 
-    def __init__(self, app, *, token: str | None, loopback_only: bool):
+
+def cookie_value(token: str, port: int) -> str:
+    """What the cookie holds: a keyed hash of the token, not the token (another service on the
+    same host receives the cookie; it can replay it to this dashboard only, never learn the
+    token)."""
+    return hmac.new(token.encode(), f"trainpilot-dashboard-cookie:{int(port)}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+class Guard:
+    """ASGI middleware: Host check (loopback binding), token check (when a token is set),
+    security headers. ``port`` names the cookie; ``secure`` (TLS) marks it Secure."""
+
+    def __init__(self, app, *, token: str | None, loopback_only: bool, port: int = 0,
+                 secure: bool = False):
         self.app, self.token, self.loopback_only = app, token, loopback_only
+        self.port, self.secure = port, secure
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -75,13 +103,18 @@ class Guard:
             return await PlainTextResponse("forbidden: bad Host header", 403)(scope, receive, send)
         set_cookie = False
         if self.token is not None:
-            given, from_query = _given_token(request)
-            if given is None or not secrets.compare_digest(given.encode(), self.token.encode()):
+            ok, from_query = self._authorised(request)
+            if not ok:
                 response = PlainTextResponse(
-                    "unauthorized: this dashboard needs its token (?token=... or "
+                    "unauthorized: this dashboard needs its token (?token=... once, or "
                     "'Authorization: Bearer ...')", 401, headers={"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
-            set_cookie = from_query
+            if from_query:  # log in, then drop the token from the address bar and history
+                query = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+                target = scope["path"] + ("?" + urllib.parse.urlencode(query) if query else "")
+                response = RedirectResponse(target, 303)
+                response.headers.append("set-cookie", self._cookie())
+                return await response(scope, receive, send)
         api = scope["path"].startswith("/api/")
 
         async def send_with_headers(message):
@@ -93,46 +126,61 @@ class Guard:
                             (b"x-frame-options", b"DENY")]
                 if api:
                     headers.append((b"cache-control", b"no-store"))
-                if set_cookie:
-                    headers.append((b"set-cookie", f"{TOKEN_COOKIE}={self.token}; Path=/; "
-                                    "HttpOnly; SameSite=Strict".encode()))
                 message = dict(message, headers=headers)
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
+    def _cookie(self) -> str:
+        return (f"{cookie_name(self.port)}={cookie_value(self.token, self.port)}; Path=/; "
+                "HttpOnly; SameSite=Strict" + ("; Secure" if self.secure else ""))
+
+    def _authorised(self, request: Request) -> tuple[bool, bool]:
+        """(token accepted, it came as ?token=)."""
+        auth = request.headers.get("authorization", "")
+        if auth.lower().startswith("bearer "):
+            return _same(auth[7:].strip(), self.token), False
+        if "token" in request.query_params:
+            return _same(request.query_params["token"], self.token), True
+        cookie = request.cookies.get(cookie_name(self.port))
+        return cookie is not None and _same(cookie, cookie_value(self.token, self.port)), False
+
+
+def _same(given: str, expected: str) -> bool:
+    return secrets.compare_digest(given.encode(), expected.encode())
+
 
 def _host_is_loopback(host_header: str) -> bool:
-    hostname = urllib.parse.urlsplit("//" + host_header).hostname
+    try:
+        hostname = urllib.parse.urlsplit("//" + host_header).hostname
+    except ValueError:
+        return False
     return hostname is not None and is_loopback(hostname)
-
-
-def _given_token(request: Request) -> tuple[str | None, bool]:
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip(), False
-    if "token" in request.query_params:
-        return request.query_params["token"], True
-    return request.cookies.get(TOKEN_COOKIE), False
 
 
 class UnknownRun(LookupError):
     """A run key that is not one of the discovered runs (answered with 404)."""
 
 
-def _int_param(request: Request, name: str) -> int | None:
+MAX_INT_CHARS = 24
+
+
+def _int_param(request: Request, name: str, default: int | None = None) -> int | None:
+    """An integer query parameter, or ``default``; SpecError (HTTP 400) when it is not one."""
     value = request.query_params.get(name)
     if value in (None, "", "null"):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise SpecError(name, value, "valid: an integer") from None
+        return default
+    text = value.strip()
+    if len(text) > MAX_INT_CHARS or not text.lstrip("+-").isdigit():
+        raise SpecError(name, value, "valid: an integer")
+    return int(text)
 
 
-def create_app(root: str | Path, *, token: str | None = None, loopback_only: bool = True):
+def create_app(root: str | Path, *, token: str | None = None, loopback_only: bool = True,
+               port: int = 0, secure: bool = False):
     """The ASGI app for the runs under ``root`` (a run directory or a folder of them)."""
-    from trainpilot.ui.data import clean, compare_data, run_data
+    from trainpilot.ui.data import (DEFAULT_MAX_POINTS, check_int, clean, compare_data,
+                                    csv_rows, run_data, window_data)
     from trainpilot.ui.plan import plan_section
 
     index = RunIndex(root)
@@ -153,17 +201,37 @@ def create_app(root: str | Path, *, token: str | None = None, loopback_only: boo
                                               "directory"}, 404)
             except SpecError as err:
                 return JSONResponse({"error": str(err)}, 400)
+            except sqlite3.Error as err:  # a store deleted, truncated or replaced under us
+                index.forget(request.query_params.get("key", "."))
+                return JSONResponse({"error": f"the run's store cannot be read ({err})"}, 503)
         return endpoint
+
+    def _max_points(request: Request) -> int:
+        return _int_param(request, "max_points", DEFAULT_MAX_POINTS)
 
     def api_runs(request: Request) -> dict[str, Any]:
         return {"root": index.root.name, "single_run": index.is_single_run, "runs": index.rows()}
 
     def api_run(request: Request) -> dict[str, Any]:
         key, store = _store(request)
-        data = run_data(store, since_step=_int_param(request, "since_step"),
-                        since_rank_step=_int_param(request, "since_rank_step"),
-                        since_event=_int_param(request, "since_event") or 0)
+        data = run_data(store, since_batch=_int_param(request, "since_batch"),
+                        since_step=_int_param(request, "since_step"),
+                        since_event=_int_param(request, "since_event", 0),
+                        max_points=_max_points(request))
         return dict(key=key, **data)
+
+    def api_window(request: Request) -> dict[str, Any]:
+        key, store = _store(request)
+        lo, hi = _int_param(request, "lo"), _int_param(request, "hi")
+        max_points = _max_points(request)
+        for name, value in (("lo", lo), ("hi", hi)):
+            check_int(name, value, low=-(1 << 62))
+        check_int("max_points", max_points, low=16, high=200_000)
+        if lo is not None and hi is not None and lo > hi:
+            raise SpecError("lo", lo, f"valid: <= hi ({hi})")
+        with store.snapshot():
+            return dict(key=key, lo=lo, hi=hi, **window_data(store, lo, hi,
+                                                             max_points=max_points))
 
     def api_plan(request: Request) -> dict[str, Any]:
         key, store = _store(request)
@@ -171,7 +239,23 @@ def create_app(root: str | Path, *, token: str | None = None, loopback_only: boo
 
     def api_compare(request: Request) -> dict[str, Any]:
         stores = dict(_store(request, key) for key in request.query_params.getlist("key")[:8])
-        return compare_data(stores, request.query_params.get("metric", "loss"))
+        return compare_data(stores, request.query_params.get("metric", "loss"),
+                            max_points=_max_points(request))
+
+    def api_csv(request: Request):
+        try:
+            key, store = _store(request)
+        except UnknownRun as err:
+            return JSONResponse({"error": f"no run {err.args[0]!r}"}, 404)
+        names = request.query_params.getlist("metric") or ["loss"]
+        known = set(store.metric_names())
+        missing = [n for n in names[:64] if n not in known]
+        if missing:
+            return JSONResponse({"error": f"metric: got {missing[0]!r}; valid: one of the run's "
+                                          f"{len(known)} metrics"}, 400)
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", key.strip("./") or "run")
+        return StreamingResponse(csv_rows(store, names[:64]), media_type="text/csv", headers={
+            "content-disposition": f'attachment; filename="{safe}.csv"'})
 
     def home(request: Request):
         if index.is_single_run:
@@ -184,8 +268,10 @@ def create_app(root: str | Path, *, token: str | None = None, loopback_only: boo
         Route("/run", lambda r: FileResponse(STATIC_DIR / "run.html"), methods=["GET"]),
         Route("/api/runs", _json(api_runs), methods=["GET"]),
         Route("/api/run", _json(api_run), methods=["GET"]),
+        Route("/api/window", _json(api_window), methods=["GET"]),
         Route("/api/plan", _json(api_plan), methods=["GET"]),
         Route("/api/compare", _json(api_compare), methods=["GET"]),
+        Route("/api/csv", api_csv, methods=["GET"]),
         Route("/vendor/plotly.min.js", lambda r: FileResponse(plotly_js_path()),
               methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
@@ -197,7 +283,8 @@ def create_app(root: str | Path, *, token: str | None = None, loopback_only: boo
         index.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
-    return Guard(app, token=token, loopback_only=loopback_only)
+    app.state.index = index
+    return Guard(app, token=token, loopback_only=loopback_only, port=port, secure=secure)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -216,9 +303,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(app, sock: socket.socket) -> None:
-    """Run ``app`` with uvicorn on an already bound socket until interrupted."""
+def serve(app, sock: socket.socket, *, tls_cert: str | None = None,
+          tls_key: str | None = None) -> None:
+    """Run ``app`` with uvicorn on an already bound socket until interrupted (HTTPS when a
+    certificate and key are given)."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            ssl_certfile=tls_cert, ssl_keyfile=tls_key)
     uvicorn.Server(config).run(sockets=[sock])

@@ -1,12 +1,15 @@
 /* Figures of a run, shared by the live dashboard (run.html) and the HTML report.
  *
  * Input: the run state, shaped as trainpilot.ui.data.run_data answers (merged across polls):
- *   {run, series: {name: {steps, values}}, layers: {names, series}, ranks: {step, rank, step_s,
- *    compute_s, comm_s, data_s, tokens_per_s}, stragglers: {rank: ratio}, straggler_ratio,
- *    forecast, events}
- * Output: TP.render(state) draws every chart whose <div id> is on the page with Plotly.react
- * (zoom survives updates through uirevision). Values are drawn exactly as the store holds them;
- * null (NaN in the store) is a gap.
+ *   {run, series: {name: {steps, values}}, layers: {names, series}, ranks: {rank: {step_s,
+ *    compute_s, comm_s, data_s, tokens_per_s: {steps, values}}}, stragglers: {rank: ratio},
+ *    straggler_ratio, forecast, events}
+ * Options (TP.render(state, options)): view {lo, hi} (a zoomed step range shared by every chart,
+ * null: the whole run), smoothing (0-0.99: an exponential moving average of the loss drawn over
+ * it, TensorBoard's debiased form), logLoss (log or linear loss axis).
+ * Output: every chart whose <div id> is on the page, drawn with Plotly.react. Values are drawn
+ * as the store holds them (a long run's series arrive downsampled: first/min/max/last per
+ * bucket, so extremes stay); null (NaN in the store) is a gap.
  */
 (function (root) {
   "use strict";
@@ -24,17 +27,48 @@
   const PARTS = ["gradient_flow", "communication", "hardware", "convergence"];
   const PART_COLORS = ["#4c78a8", "#72b7b2", "#f58518", "#54a24b"];
 
+  let OPTIONS = {};
+
+  function stepAxis(extra) {
+    const view = OPTIONS.view;
+    const axis = {zeroline: false, hoverformat: "d", title: {text: "step", standoff: 4}};
+    if (view) { axis.range = [view.lo, view.hi]; axis.autorange = false; } else {
+      axis.autorange = true;
+    }
+    return Object.assign(axis, extra || {});
+  }
+
   function layout(title, extra) {
-    return Object.assign({
+    const view = OPTIONS.view;
+    const out = Object.assign({
       title: {text: title, font: {size: 14}, x: 0.01},
-      margin: {l: 62, r: 24, t: 34, b: 30},
+      margin: {l: 62, r: 24, t: 34, b: 44},
       height: 320,
-      uirevision: "keep",
-      xaxis: {zeroline: false, hoverformat: "d"},
+      // A new revision whenever the shared view changes, so the range below is applied;
+      // between changes the user's own pan/zoom state is kept.
+      uirevision: view ? `view-${view.lo}-${view.hi}` : "all",
+      xaxis: stepAxis(),
       legend: {orientation: "h", y: -0.12, yanchor: "top", font: {size: 11}},
       font: {family: "system-ui, -apple-system, Segoe UI, sans-serif", size: 12},
       paper_bgcolor: "rgba(0,0,0,0)",
     }, extra || {});
+    if (extra && extra.xaxis) out.xaxis = Object.assign(stepAxis(), extra.xaxis);
+    return out;
+  }
+
+  // TensorBoard's smoothing: an exponential moving average, debiased at the start, skipping
+  // gaps (a null stays a null and does not enter the average).
+  function smooth(values, weight) {
+    const out = new Array(values.length);
+    let last = 0, num = 0;
+    for (let i = 0; i < values.length; i++) {
+      const v = values[i];
+      if (v === null || !isFinite(v)) { out[i] = null; continue; }
+      last = last * weight + (1 - weight) * v;
+      num += 1;
+      out[i] = last / (1 - Math.pow(weight, num));
+    }
+    return out;
   }
 
   function empty(title, why) {
@@ -61,14 +95,11 @@
   function byRank(state, key) {
     const r = state.ranks || {};
     const out = new Map();
-    const n = (r.step || []).length;
-    for (let i = 0; i < n; i++) {
-      if (!out.has(r.rank[i])) out.set(r.rank[i], {steps: [], values: []});
-      const s = out.get(r.rank[i]);
-      s.steps.push(r.step[i]);
-      s.values.push(r[key][i]);
+    for (const rank of Object.keys(r).map(Number).sort((a, b) => a - b)) {
+      const s = (r[String(rank)] || {})[key];
+      if (s && s.steps.length) out.set(rank, s);
     }
-    return new Map([...out.entries()].sort((a, b) => a[0] - b[0]));
+    return out;
   }
 
   function stragglerRatio(state, rank) {
@@ -97,7 +128,16 @@
   function lossFigure(state) {
     const title = "Loss and convergence forecast";
     if (!has(state, "loss")) return empty(title, "no loss recorded yet");
-    const data = [line(series(state, "loss"), "loss", {line: {color: "#1f77b4"}})];
+    const loss = series(state, "loss");
+    const weight = OPTIONS.smoothing || 0;
+    const data = [];
+    if (weight > 0) {
+      data.push(line(loss, "loss (raw)", {line: {color: "#1f77b4", width: 1}, opacity: 0.3}));
+      data.push({type: "scatter", mode: "lines", x: loss.steps, y: smooth(loss.values, weight),
+                 name: `loss (smoothed ${weight})`, line: {color: "#1f77b4", width: 2}});
+    } else {
+      data.push(line(loss, "loss", {line: {color: "#1f77b4"}}));
+    }
     if (has(state, "loss_trend")) {
       data.push(line(series(state, "loss_trend"), "trend (robust)",
                      {line: {color: "#7f7f7f", dash: "dot", width: 1}}));
@@ -120,14 +160,16 @@
                            arrayminus: [fc.final_loss - fc.final_lo], color: "#ff7f0e"},
                  name: `final loss forecast (made at step ${fc.made_at_step})`});
     }
-    return {data: data, layout: layout(title, {yaxis: {title: {text: "loss"}, type: "log"}})};
+    const type = OPTIONS.logLoss === false ? "linear" : "log";
+    return {data: data, layout: layout(title, {yaxis: {title: {text: "loss"},
+                                                        type: type}})};
   }
 
   function lrFigure(state) {
     const title = "Learning rate";
     if (!has(state, "lr")) return empty(title, "no learning rate recorded");
     return {data: [line(series(state, "lr"), "lr", {line: {color: "#9467bd"}})],
-            layout: layout(title, {yaxis: {title: {text: "lr"}, exponentformat: "e"},
+            layout: layout(title, {yaxis: {title: {text: "learning rate"}, exponentformat: "e"},
                                    showlegend: false})};
   }
 
@@ -182,8 +224,8 @@
       }
     }
     // Log scale: one stalled step (a GC pause, a busy host) must not flatten all the others.
-    return {data: data, layout: layout(title, {yaxis: {title: {text: "seconds"}, type: "log",
-                                                       dtick: 1}})};
+    return {data: data, layout: layout(title, {yaxis: {title: {text: "seconds (log)"},
+                                                       type: "log"}})};
   }
 
   function rankTokensFigure(state) {
@@ -230,8 +272,8 @@
       }
     }
     if (!data.length) return empty(title, "no communication time recorded");
-    return {data: data, layout: layout(title, {yaxis: {title: {text: "seconds"}, type: "log",
-                                                       dtick: 1}})};
+    return {data: data, layout: layout(title, {yaxis: {title: {text: "seconds (log)"},
+                                                       type: "log"}})};
   }
 
   function memoryFigure(state) {
@@ -274,7 +316,10 @@
 
   function timelineFigure(state) {
     const title = "Timeline: alerts, interventions, checkpoints, faults, restarts";
-    const events = (state.events || []).filter((e) => e.kind !== "alert_cleared");
+    // Events without a step are placed by their time (x_step, from the server); those that
+    // cannot be placed are listed in the table only, never drawn at step 0.
+    const events = (state.events || []).filter(
+      (e) => e.kind !== "alert_cleared" && e.x_step !== null && e.x_step !== undefined);
     if (!events.length) return empty(title, "no events recorded");
     const kinds = [...new Set(events.map((e) => e.kind))].sort(
       (a, b) => rank(a) - rank(b));
@@ -285,8 +330,9 @@
     const data = kinds.map((kind) => {
       const mine = events.filter((e) => e.kind === kind);
       return {type: "scatter", mode: "markers", name: kind, y: mine.map(() => kind),
-              x: mine.map((e) => (e.step === null ? 0 : e.step)),
-              text: mine.map((e) => `${e.name ? e.name + ": " : ""}${e.message || ""}`),
+              x: mine.map((e) => e.x_step),
+              text: mine.map((e) => `${e.name ? e.name + ": " : ""}${e.message || ""}` +
+                             (e.placed_by_time ? " (no step recorded: placed by its time)" : "")),
               hovertemplate: "step %{x}<br>%{text}<extra>" + kind + "</extra>",
               marker: {size: 11, symbol: KIND_SYMBOL[kind] || "circle",
                        color: mine.map((e) => SEVERITY_COLOR[e.severity] || "#6c757d"),
@@ -309,7 +355,8 @@
   let revision = 0;
 
   function render(state, options) {
-    const config = Object.assign({}, CONFIG, (options || {}).config || {});
+    OPTIONS = options || {};
+    const config = Object.assign({}, CONFIG, OPTIONS.config || {});
     // The traces share the state's arrays, which polls extend in place; Plotly.react redraws
     // mutated arrays only when datarevision changes.
     revision += 1;
@@ -329,5 +376,6 @@
     return null;
   }
 
-  root.TP = {render: render, figures: FIGURES, latest: latest, isStraggler: isStraggler};
+  root.TP = {render: render, figures: FIGURES, latest: latest, isStraggler: isStraggler,
+             smooth: smooth};
 })(window);

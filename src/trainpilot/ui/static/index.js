@@ -41,10 +41,12 @@
       name.append(link);
       const status = cell(r.status);
       status.className = `badge ${r.status}`;
+      if (r.error) status.title = r.error;  // a broken store says why
       const started = r.started_time ? new Date(r.started_time * 1000).toLocaleString() : null;
       tr.append(tick, name, cell(r.name), status, cell(r.world_size), cell(r.step),
                 cell(r.loss === null ? null : r.loss.toPrecision(4)),
-                cell(r.health === null ? null : r.health.toFixed(0)), cell(started));
+                cell(r.health === null ? null : r.health.toFixed(0)), cell(started),
+                cell(r.error));
       return tr;
     }));
   }
@@ -59,7 +61,8 @@
     const q = new URLSearchParams(keys.map((k) => ["key", k]));
     const data = await getJson(`/api/compare?${q.toString()}`);
     const traces = Object.entries(data.runs).map(([k, r]) => ({
-      type: "scatter", mode: "lines", x: r.steps, y: r.values, name: `${k} (${r.status})`}));
+      type: "scatter", mode: "lines", x: r.steps, y: r.values,
+      name: `${k} (${r.status})${r.downsampled ? ", downsampled" : ""}`}));
     window.trainpilot.compared = keys;
     note.textContent = `${keys.length} run(s)`;
     window.Plotly.react("compare-chart", traces, {

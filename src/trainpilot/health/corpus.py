@@ -1,0 +1,121 @@
+"""The diagnosis's validation set: real failure logs from public issue threads, shipped in
+``data/failure_logs.yaml`` (each case cites its thread), split once into ``authoring`` (patterns
+were written and revised against them) and ``held_out`` (never looked at while authoring).
+
+``validate()`` diagnoses every case and reports accuracy per split and per category; ``trainpilot
+diagnose --validate`` prints it, and the test suite gates the held-out accuracy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import resources
+from typing import Literal
+
+import pydantic
+import yaml
+
+from trainpilot.health.diagnosis import Category, Diagnoser
+from trainpilot.specs.errors import from_pydantic
+
+Split = Literal["authoring", "held_out"]
+HELD_OUT_TARGET = 0.90
+
+
+class _Strict(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class Case(_Strict):
+    id: str
+    url: str = pydantic.Field(pattern=r"^https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+$")
+    project: str
+    category: Category
+    split: Split
+    logs: dict[str, str]
+
+
+class Corpus(_Strict):
+    cases: list[Case]
+
+    @pydantic.model_validator(mode="after")
+    def _unique(self) -> "Corpus":
+        ids = [c.id for c in self.cases]
+        urls = [c.url for c in self.cases]
+        if len(set(ids)) != len(ids) or len(set(urls)) != len(urls):
+            raise ValueError("case ids and urls must be unique")
+        return self
+
+
+def load_corpus() -> Corpus:
+    text = resources.files("trainpilot.health").joinpath("data/failure_logs.yaml").read_text(
+        encoding="utf-8")
+    try:
+        return Corpus.model_validate(yaml.safe_load(text))
+    except pydantic.ValidationError as err:
+        raise from_pydantic(err, doc="failure_logs", model_cls=Corpus) from None
+
+
+def expected_splits(cases: list[Case]) -> dict[str, str]:
+    """The split rule: cases ordered by sha256(url); the first half, rounded up, held out."""
+    order = sorted(cases, key=lambda c: hashlib.sha256(c.url.encode()).hexdigest())
+    held = {c.id for c in order[:(len(order) + 1) // 2]}
+    return {c.id: "held_out" if c.id in held else "authoring" for c in cases}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    case: Case
+    got: str
+    evidence: str
+
+    @property
+    def correct(self) -> bool:
+        return self.got == self.case.category
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    outcomes: list[Outcome]
+
+    def accuracy(self, split: str | None = None, category: str | None = None,
+                 ) -> tuple[int, int]:
+        """(correct, total) over the cases of ``split`` and ``category`` (None: all)."""
+        chosen = [o for o in self.outcomes if (split is None or o.case.split == split)
+                  and (category is None or o.case.category == category)]
+        return sum(o.correct for o in chosen), len(chosen)
+
+    def by_category(self, split: str) -> dict[str, tuple[int, int]]:
+        out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for o in self.outcomes:
+            if o.case.split == split:
+                out[o.case.category][0] += o.correct
+                out[o.case.category][1] += 1
+        return {k: (v[0], v[1]) for k, v in sorted(out.items())}
+
+    def to_dict(self) -> dict:
+        out: dict = {"splits": {}, "misses": []}
+        for split in ("authoring", "held_out"):
+            ok, total = self.accuracy(split)
+            out["splits"][split] = dict(correct=ok, total=total,
+                                        accuracy=ok / total if total else None,
+                                        by_category={k: dict(correct=a, total=b) for k, (a, b)
+                                                     in self.by_category(split).items()})
+        out["held_out_target"] = HELD_OUT_TARGET
+        out["misses"] = [dict(id=o.case.id, url=o.case.url, split=o.case.split,
+                              expected=o.case.category, got=o.got, evidence=o.evidence)
+                         for o in self.outcomes if not o.correct]
+        return out
+
+
+def validate(diagnoser: Diagnoser | None = None, corpus: Corpus | None = None) -> Report:
+    """Diagnose every case of the corpus."""
+    diagnoser = diagnoser or Diagnoser()
+    corpus = corpus or load_corpus()
+    outcomes = []
+    for case in corpus.cases:
+        result = diagnoser.diagnose_texts(case.logs)
+        outcomes.append(Outcome(case=case, got=result.category, evidence=result.evidence))
+    return Report(outcomes=outcomes)
