@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         return _dry_run(args, model, plan, cluster)
     config = _config(args)
     from trainpilot.runtime.degrade import QuietStream
-    from trainpilot.runtime.launch import RunPreempted, TrainingFailed, launch
+    from trainpilot.runtime.launch import RunPreempted, launch
 
     # A log file on a full disk must not end the launcher (and with it the job).
     sys.stdout, sys.stderr = QuietStream(sys.stdout), QuietStream(sys.stderr)
@@ -193,10 +194,11 @@ def run(args: argparse.Namespace) -> int:
             progress.stop()
         err_console.print(f"[bold yellow]{err}[/]", soft_wrap=True)
         return err.exit_code
-    except (TrainingFailed, RuntimeError) as err:
+    except RuntimeError as err:  # TrainingFailed included
         if progress:
             progress.stop()
         err_console.print(f"[bold red]error:[/] {err}", soft_wrap=True)
+        _close_crashed(run_dir, str(err))
         return EXIT_FAILURE
     finally:
         if progress:
@@ -209,6 +211,17 @@ def run(args: argparse.Namespace) -> int:
             print_train_summary(summary)
         console.print(final_line(summary), soft_wrap=True)
     return 0
+
+
+def _close_crashed(run_dir: Path, reason: str) -> None:
+    """The workers are gone: a store they left saying "running" says how the run ended."""
+    from trainpilot.specs import SpecError
+    from trainpilot.store import RunStore
+
+    try:
+        RunStore.close_run(run_dir, status="crashed", reason=reason[:500], exit_code=1)
+    except (SpecError, OSError, sqlite3.Error):
+        pass  # no store (the run failed before rank 0 opened it), or the disk refuses
 
 
 def final_line(summary: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from trainpilot.store.runstore import RankTiming
+from trainpilot.records import RankTiming
 
 _RECORD_FIELDS = {  # StepRecord field -> names a Trainer's record may use for it
     "step": ("step",), "loss": ("loss",), "lr": ("lr", "learning_rate"),

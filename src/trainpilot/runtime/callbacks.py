@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from trainpilot.runtime.trainer import Trainer
@@ -35,6 +35,9 @@ class StepRecord:
     # flight (DDP overlaps the two, and its all-reduce makes fast ranks wait for slow ones).
     compute_time_s: float | None = None
     comm_time_s: float | None = None  # wall time with a gradient bucket in flight (comm hook)
+    # The longest single collective of the step: a gradient bucket, or the wait for the step's
+    # statistics all-reduce (where a stalled or slow peer shows).
+    comm_max_s: float | None = None
     comm_bytes: int | None = None  # bytes this rank sent for gradients (comm hook's model)
     comm_payload_bytes: int | None = None  # bytes handed to collectives (compressed size)
     rank_timings: Any = None  # rank 0, when gathered: every rank's RankTiming of this step
@@ -131,10 +134,12 @@ class RunRecorder(Callback):
     """
 
     def __init__(self, store: Any, *, rank: int = 0, journal: Any = None,
-                 monitor_logs_metrics: bool = False):
+                 monitor_logs_metrics: bool = False,
+                 on_fault: Callable[[dict[str, Any]], None] | None = None):
         self.store = store if rank == 0 else None
         self.journal = journal  # a FaultInjector (its fired() reads the shared journal)
         self.monitor_logs_metrics = monitor_logs_metrics
+        self.on_fault = on_fault  # e.g. the health monitor: faults lower its hardware score
         self._ingested = self._journal_lines_in_store()
         path = getattr(journal, "journal_path", None)
         self.launcher_journal = path.parent / "launcher.jsonl" if path is not None else None
@@ -178,6 +183,8 @@ class RunRecorder(Callback):
             self.store.log_event("fault", rec.get("step"), dict(rec, journal_line=line),
                                  severity="critical", name=rec.get("kind", ""),
                                  message=message, time_s=rec.get("time_unix_s"))
+            if self.on_fault is not None:
+                self.on_fault(rec)
         self._ingested = max(self._ingested, len(records))
         self._ingest_launcher()
 

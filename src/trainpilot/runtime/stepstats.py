@@ -10,6 +10,7 @@ flag's sum checks that they agreed.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -29,17 +30,20 @@ class StepStats:
         self.phase: Callable[[str], None] | None = None
         self._result: tuple[float, float | None] | None = None
         self.num_preempted = 0  # ranks that received a preemption signal (see runtime.preempt)
+        self.wait_s = 0.0  # how long this rank waited for the all-reduce (a slow peer shows)
 
     def wait(self, step: int) -> tuple[float, float | None]:
         if self._result is not None:
             return self._result
         if self.work is not None:
             self.phase("collective")
+            start = time.perf_counter()
             try:
                 self.work.wait()
             except RuntimeError as err:  # on the wire: the group is broken, recover
                 raise CollectiveFailure(f"collective at step {step} failed on the wire: {err}",
                                         step=step, attempts=self.retries + 1, cause=err) from err
+            self.wait_s = time.perf_counter() - start
             self.phase("compute")
         stats = self.stats.cpu()
         num_bad = round(float(stats[2]))

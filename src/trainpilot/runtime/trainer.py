@@ -458,8 +458,12 @@ class Trainer:
         self._phase("compute")
         if self.faults is not None:
             self.faults.on_step(step, rank=rank, step_time_s=self._usual_step_time_s())
+        # A slowed rank (an injected slow fault, a throttled device) is slow in its compute:
+        # what it did before its forward counts there, so the straggler rule sees it.
+        before_s = time.perf_counter() - start
         lr = self.optimizers[0].param_groups[0]["lr"]
         attempt, data_wait, fb_s, grad_norm, stats = self._gradients(step)
+        fb_s += before_s
         skipped = False
         if self.monitor is not None:
             # The monitor's verdict (e.g. skip a loss spike) gates the update: wait for it.
@@ -479,6 +483,7 @@ class Trainer:
         self.step = step
         self._step_times = (self._step_times + [elapsed])[-16:]
         comm_s = comm.comm_s if comm is not None else None
+        comm_max = max(stats.wait_s, comm.max_bucket_s if comm is not None else 0.0)
         timings = self._rank_timings(step, elapsed, fb_s, comm_s, data_wait)  # a collective
         tokens = self.plan.tokens_per_step
         record = StepRecord(step=step, loss=loss_value, lr=lr, grad_norm=grad_norm,
@@ -488,7 +493,7 @@ class Trainer:
                             epoch=self.sampler.epoch,
                             samples_seen=self.sampler_position(),
                             compute_time_s=max(0.0, fb_s - (comm_s or 0.0)),
-                            comm_time_s=comm_s,
+                            comm_time_s=comm_s, comm_max_s=comm_max,
                             comm_bytes=comm.wire_bytes if comm is not None else None,
                             comm_payload_bytes=comm.payload_bytes if comm is not None else None,
                             rank_timings=timings, attempts=attempt,
@@ -525,7 +530,7 @@ class Trainer:
         straggler rule; None elsewhere or without a monitor."""
         if self.monitor is None or not self.layout.is_distributed:
             return None
-        from trainpilot.health.stragglers import gather_rank_timings
+        from trainpilot.runtime.ranktimes import gather_rank_timings
 
         self._phase("collective")
         out = gather_rank_timings(step, step_s=step_s, compute_s=max(0.0, fb_s - (comm_s or 0)),

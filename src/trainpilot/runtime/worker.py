@@ -92,8 +92,15 @@ def build_monitor(job: WorkerJob, *, store, model: ModelSpec, plan: Plan, config
     peak = None
     if cluster is not None:
         peak = cluster.device.peak_tflops.get("bf16", 0.0) * 1e12 * plan.world_size or None
+    from trainpilot.runtime.optim import WarmupCosine
+
+    # The planned schedule (the LR of step s is lr x f(s - 1): the scheduler steps after each
+    # update), so the convergence forecast knows where the LR decays.
+    schedule = WarmupCosine(warmup_steps=config.warmup_steps, total_steps=config.steps,
+                            min_ratio=config.min_lr_ratio)
     monitor = HealthMonitor(store=store, config=health_config, total_steps=config.steps,
-                            flops_per_step=flops, peak_flops=peak)
+                            flops_per_step=flops, peak_flops=peak,
+                            lr_at=lambda step: config.lr * schedule(max(0, step - 1)))
     monitor.log_events = False  # the RunRecorder records the runtime's events
     return monitor
 
@@ -169,7 +176,9 @@ def run_worker(job: WorkerJob, *, beacon: Beacon | None = None,
         monitor = build_monitor(job, store=store, model=model, plan=plan, config=config,
                                 cluster=pred.get("cluster"))
         recorder = RunRecorder(store, rank=layout.rank, journal=faults,
-                               monitor_logs_metrics=monitor is not None)
+                               monitor_logs_metrics=monitor is not None,
+                               on_fault=(lambda rec: monitor.on_event("fault", rec))
+                               if monitor is not None else None)
         metrics = JsonlMetrics(run_dir / "metrics.jsonl", rank=layout.rank, on_degraded=emit,
                                mirror=watch_dir / "stream.jsonl" if watch_dir else None)
         extra = [BeaconSteps(beacon)] if beacon is not None else []

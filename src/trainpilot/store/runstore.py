@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
+from trainpilot.records import RankTiming  # noqa: F401 (part of the store's API)
 from trainpilot.specs.errors import SpecError
 from trainpilot.store import rollup
 from trainpilot.store.schema import DDL, KIND_SQL, LEGACY_KINDS, SCHEMA_VERSION, STORE_FILENAME
@@ -50,20 +51,6 @@ class Event:
     name: str
     message: str
     payload: dict[str, Any]
-
-
-@dataclass(frozen=True, kw_only=True)
-class RankTiming:
-    """Seconds one rank spent in one step. ``compute_s`` is measured before the gradient
-    collective: DDP's all-reduce evens out ``step_s`` across ranks, so stragglers show only
-    there."""
-
-    step: int
-    rank: int
-    step_s: float | None = None
-    compute_s: float | None = None
-    comm_s: float | None = None
-    data_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,7 +202,7 @@ class RunStore:
             run_id = row[0]
         return cls(conn, path, writable=True, run_id=run_id)
 
-    END_STATUSES = ("completed", "failed", "crashed", "interrupted")
+    END_STATUSES = ("completed", "failed", "crashed", "interrupted", "preempted")
 
     @classmethod
     def close_run(cls, run_dir: str | os.PathLike, *, status: str, reason: str = "",

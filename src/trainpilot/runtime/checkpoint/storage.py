@@ -29,10 +29,14 @@ from torch.distributed.checkpoint.planner import (
     SavePlanner,
     WriteItemType,
 )
-from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
+from torch.distributed.checkpoint.storage import (
+    StorageReader,
+    StorageWriter,
+    WriteResult,
+)
 from torch.futures import Future
 
-from trainpilot.runtime.checkpoint import codec, dcp_json, interop, layout
+from trainpilot.runtime.checkpoint import dcp_json, interop, layout
 
 CODECS = ("raw", "zstd")
 

@@ -59,6 +59,7 @@ class CommMetrics:
     wire_bytes: int
     off_node_bytes: int
     comm_s: float
+    max_bucket_s: float = 0.0  # the longest single bucket, launch to finish
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -113,6 +114,7 @@ class CommCounters:
                 num_collectives=done.num_collectives, dense_bytes=done.dense_bytes,
                 payload_bytes=done.payload_bytes, wire_bytes=done.wire_bytes,
                 off_node_bytes=done.off_node_bytes, comm_s=union_s(done.intervals),
+                max_bucket_s=max((b - a for a, b in done.intervals), default=0.0),
             )
             self._step += 1
             self.history.append(metrics)
