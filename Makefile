@@ -23,6 +23,7 @@ demo: setup
 
 test: setup
 	bash scripts/install_browser.sh
+	VENV=$(VENV) bash scripts/check.sh
 	$(PYTHON) -m pytest -q
 
 clean:

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the drills are the oracle's fixtures, in tests/
 RESULTS = Path(__file__).parent / "results"
 PLAN = "dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64"
 KINDS = ("crash", "hang", "collective", "nan")
@@ -47,8 +49,8 @@ ELASTIC = dict(heartbeat_interval_s=0.2, heartbeat_timeout_s=2.5, collective_tim
 
 
 def run_chaos(work: Path, *, steps: int, gap: float, every: int, seed: int):
+    from tests.elastic.drill import DrillSpec, run_drill
     from trainpilot.runtime.elastic.chaos import chaos_inject, chaos_schedule
-    from trainpilot.runtime.elastic.drill import DrillSpec, run_drill
 
     schedule = [(s, k, 1) for s, k, _ in chaos_schedule(
         seed=seed, num_steps=steps - 2, mean_gap_steps=gap, world_size=2, kinds=KINDS,
@@ -120,8 +122,12 @@ def measure(run_dir: Path) -> dict:
 def simulate(m: dict, *, faults_per_s: float, every: int, absorbed_share: float) -> dict:
     """The closed form for this job, fault rate and policy; seconds per category over the
     modelled time (wall less "other")."""
-    from trainpilot.sim.availability import (AvailabilityJob, CheckpointSpec, RecoverySpec,
-                                             closed_form_ettr)
+    from trainpilot.sim.availability import (
+        AvailabilityJob,
+        CheckpointSpec,
+        RecoverySpec,
+        closed_form_ettr,
+    )
     from trainpilot.sim.failures import FailureClass, FailureModel
 
     modelled = m["wall_s"] - m["seconds"]["other"]

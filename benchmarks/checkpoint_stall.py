@@ -169,9 +169,10 @@ def measure_stall(args, work: Path) -> dict:
     for i in range(args.saves):
         train_step(model, opt, batch)
         state = state_of(model, opt, i)
-        for name, fn in (("torch.save", lambda f: time_torch_save(state, f, fsync=False)),
-                         ("torch.save + fsync", lambda f: time_torch_save(state, f, fsync=True)),
-                         ("dcp.save (sync)", lambda f: time_dcp_save(state, f))):
+        for name, fn in (("torch.save", lambda f, s=state: time_torch_save(s, f, fsync=False)),
+                         ("torch.save + fsync",
+                          lambda f, s=state: time_torch_save(s, f, fsync=True)),
+                         ("dcp.save (sync)", lambda f, s=state: time_dcp_save(s, f))):
             folder = Path(tempfile.mkdtemp(dir=work))
             os.sync()  # untimed: no earlier method's dirty pages are flushed on this one's clock
             base[name].append(fn(folder))

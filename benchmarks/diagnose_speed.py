@@ -86,7 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=200.0)
     args = parser.parse_args()
-    lines = [f"diagnose streaming speed, one thread (CPU seconds: time.process_time)",
+    lines = ["diagnose streaming speed, one thread (CPU seconds: time.process_time)",
              f"python {platform.python_version()}, {os.cpu_count()} cores, load "
              f"{os.getloadavg()[0]:.1f}", "",
              f"{'input':<8} {'MB (text)':>9} {'MB on disk':>10} {'CPU s':>7} {'MB/s':>7} verdict"]

@@ -40,8 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.external.harness import (  # noqa: E402 (the harness lives with the tests)
-    Job, assert_same_run, events, journal, train_args)
+from tests.external.harness import Job, assert_same_run, events, journal, train_args  # noqa: E402 (the harness lives with the tests)
 
 RESULTS = Path(__file__).parent / "results"
 KINDS = ("kill9_rank", "sigstop_rank", "sigterm_launcher", "kill9_launcher")

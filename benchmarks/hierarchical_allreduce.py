@@ -252,8 +252,8 @@ def calibrate_links(groups) -> dict:
     out = {}
     for kind, sub in (("intra", groups.local), ("inter", groups.cross_node)):
         small, large = torch.ones(2), torch.ones(1 << 20)  # 8 B and 4 MiB
-        t_small = _median_time(lambda: dist.all_reduce(small, group=sub.group), 9)
-        t_large = _median_time(lambda: dist.all_reduce(large, group=sub.group), 5)
+        t_small = _median_time(lambda t=small, g=sub.group: dist.all_reduce(t, group=g), 9)
+        t_large = _median_time(lambda t=large, g=sub.group: dist.all_reduce(t, group=g), 5)
         out[f"{kind}_lat"] = t_small / 2
         out[f"{kind}_bw"] = large.numel() * 4 / max(t_large - t_small, 1e-9)
     return out

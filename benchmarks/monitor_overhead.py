@@ -42,11 +42,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from trainpilot.fsio import atomic_write_text
-from trainpilot.health.forecast import ConvergenceForecaster
-from trainpilot.health.monitor import HealthMonitor, StepRecord
-from trainpilot.health.toyrun import MarkovData, ToyLM
-from trainpilot.store import RunStore
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the toy loop lives in tests/
+
+from tests.health.toyrun import MarkovData, ToyLM  # noqa: E402
+from trainpilot.fsio import atomic_write_text  # noqa: E402
+from trainpilot.health.forecast import ConvergenceForecaster  # noqa: E402
+from trainpilot.health.monitor import HealthMonitor, StepRecord  # noqa: E402
+from trainpilot.store import RunStore  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "monitor_overhead.txt"
 TARGET = 0.02

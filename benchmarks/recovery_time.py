@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the drills are the oracle's fixtures, in tests/
 RESULTS = Path(__file__).parent / "results"
 PLAN = "dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64"
 STEPS, FAULT_STEP, EVERY = 14, 10, 2
@@ -91,7 +93,7 @@ def torchrun_restart(work: Path) -> dict:
 
 
 def drill(work: Path, name: str, inject: str, *, start_method: str = "fork", **spec) -> dict:
-    from trainpilot.runtime.elastic.drill import DrillSpec, run_drill
+    from tests.elastic.drill import DrillSpec, run_drill
 
     run = work / name
     ds = DrillSpec(run_dir=str(run), plan=PLAN, model="tiny-gpt", steps=STEPS, lr=3e-3,

@@ -8,8 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from trainpilot.cli.main import build_parser
 from tests.conftest import run_cli
+from trainpilot.cli.main import build_parser
 
 SURFACE = Path(__file__).parent / "data" / "cli_surface.txt"
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from tests.comm._worker import cpu_cluster, main, rank_tensor
 from trainpilot.runtime.comm import FSDPComm
-from trainpilot.runtime.comm.fsdp import fsdp_modules
 from trainpilot.runtime.comm.counters import process_bytes_written
+from trainpilot.runtime.comm.fsdp import fsdp_modules
 from trainpilot.runtime.config import TrainConfig
 from trainpilot.runtime.parallelize import full_parameters
 from trainpilot.runtime.procexit import run_and_end

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
+from tests.elastic.drill import DrillSpec, Outcome, read_outcome, run_drill
 from trainpilot.runtime.checkpoint import committed, read_manifest
 from trainpilot.runtime.checkpoint.layout import step_dirs, verify_files
-from trainpilot.runtime.elastic.drill import DrillSpec, Outcome, read_outcome, run_drill
 
 # Short timeouts so that a hang costs seconds; long enough for a loaded machine's slow step.
 ELASTIC = dict(heartbeat_interval_s=0.2, heartbeat_timeout_s=2.5, collective_timeout_s=4.0,

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from tests.elastic.helpers import (
-    STEPS, assert_bit_exact, assert_exactly_once, assert_no_torn_checkpoint, drill, journal)
+    STEPS,
+    assert_bit_exact,
+    assert_exactly_once,
+    assert_no_torn_checkpoint,
+    drill,
+    journal,
+)
 from trainpilot.runtime.elastic.chaos import chaos_inject, chaos_schedule
 
 pytestmark = [pytest.mark.dist]

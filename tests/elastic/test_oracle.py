@@ -15,8 +15,16 @@ from __future__ import annotations
 import pytest
 
 from tests.elastic.helpers import (
-    ELASTIC, STEPS, assert_bit_exact, assert_exactly_once, assert_no_torn_checkpoint, drill,
-    journal, state_diff, store_events)
+    ELASTIC,
+    STEPS,
+    assert_bit_exact,
+    assert_exactly_once,
+    assert_no_torn_checkpoint,
+    drill,
+    journal,
+    state_diff,
+    store_events,
+)
 
 pytestmark = [pytest.mark.dist]
 

@@ -14,8 +14,15 @@ import pytest
 
 from tests.external.conftest import STEPS2, STEPS4
 from tests.external.harness import (
-    PLAN4, alive_workers_of, assert_same_run, events, job, journal, launcher_records,
-    train_args)
+    PLAN4,
+    alive_workers_of,
+    assert_same_run,
+    events,
+    job,
+    journal,
+    launcher_records,
+    train_args,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.external]
 

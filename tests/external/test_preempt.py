@@ -14,7 +14,15 @@ import pytest
 
 from tests.external.conftest import STEPS2, STEPS4
 from tests.external.harness import (
-    PLAN2, PLAN4, assert_same_run, completed_steps, events, job, losses, train_args)
+    PLAN2,
+    PLAN4,
+    assert_same_run,
+    completed_steps,
+    events,
+    job,
+    losses,
+    train_args,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.external]
 

@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tests.health.toyrun import ToyTrainer
 from trainpilot.health.monitor import HealthMonitor, StepRecord
 from trainpilot.health.stragglers import StragglerDetector, gather_rank_timings
-from trainpilot.health.toyrun import ToyTrainer
 from trainpilot.runtime.procexit import run_and_end
 from trainpilot.store import RunStore
 

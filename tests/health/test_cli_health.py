@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from tests.conftest import run_cli
+from tests.health.toyrun import run_toy_training
 from trainpilot.health.config import load_health_config
 from trainpilot.health.demo import demo_health
-from trainpilot.health.toyrun import run_toy_training
 from trainpilot.store import RunStore
 
 logging.getLogger("trainpilot.health").setLevel(logging.ERROR)

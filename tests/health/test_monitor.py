@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
+from tests.health.toyrun import ToyTrainer
 from trainpilot.health.config import load_health_config
 from trainpilot.health.monitor import HealthMonitor, StepRecord
-from trainpilot.health.toyrun import ToyTrainer
 from trainpilot.store import RunStore
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,9 +10,9 @@ import statistics
 import pytest
 import torch
 
+from tests.health.toyrun import ToyTrainer
 from trainpilot.health.monitor import HealthMonitor
 from trainpilot.health.score import band
-from trainpilot.health.toyrun import ToyTrainer
 
 pytestmark = pytest.mark.timeout(240)
 logging.getLogger("trainpilot.health").setLevel(logging.ERROR)

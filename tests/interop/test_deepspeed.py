@@ -40,8 +40,7 @@ def _ds_config(config: dict, dp: int, monkeypatch):
 
 @pytest.mark.parametrize("name,model,plan", cases(), ids=[c[0] for c in cases()])
 def test_deepspeed_accepts_the_export(name, model, plan, monkeypatch):
-    from deepspeed.module_inject.auto_ep_config import (parse_autoep_config,
-                                                        validate_autoep_config)
+    from deepspeed.module_inject.auto_ep_config import parse_autoep_config, validate_autoep_config
 
     refused = [field for field, names in REFUSED.items() if name in names]
     if refused:

@@ -43,9 +43,9 @@ def _meta_model(config):
 
 @pytest.mark.parametrize("name,model,plan", cases(), ids=[c[0] for c in cases()])
 def test_torchtitan_loads_and_validates_the_export(tmp_path, name, model, plan):
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
     if name in REFUSED:
         with pytest.raises(SpecError, match=REFUSED[name]):

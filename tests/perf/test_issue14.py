@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import run_cli
 from trainpilot.perf import predict
-from trainpilot.specs import ClusterSpec, Plan, SpecError, load_cluster, load_model
+from trainpilot.specs import ClusterSpec, Plan, load_cluster, load_model
 
 
 def _gpt3():

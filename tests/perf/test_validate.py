@@ -24,8 +24,8 @@ from trainpilot.perf.validation import (
     run,
     source_cases,
     summarize,
+    vtrain,
 )
-from trainpilot.perf.validation import vtrain
 from trainpilot.perf.validation.sources import load_sources
 from trainpilot.specs import ModelSpec
 

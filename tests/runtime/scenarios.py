@@ -177,8 +177,8 @@ def fp16_skip() -> dict[str, Any]:
 def _nan_run(spec: str, plan: str = "dp=2,zero=0,") -> dict[str, Any]:
     """fp32 on 2 ranks, 3 steps with a NaN injected at step 2: the attempts per step, or the
     error that stopped the run."""
-    from trainpilot.runtime.faults import FaultInjector
     from trainpilot.runtime.elastic.retry import NonfiniteDisagreement
+    from trainpilot.runtime.faults import FaultInjector
 
     faults = FaultInjector(spec)
     trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan(plan + BASE),

@@ -33,7 +33,8 @@ def run_launcher(*args: str, timeout_s: float) -> subprocess.CompletedProcess:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
-        raise AssertionError(f"trainpilot {' '.join(args)} hung; stderr:\n{err[-3000:]}")
+        raise AssertionError(f"trainpilot {' '.join(args)} hung; stderr:\n{err[-3000:]}") \
+            from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

@@ -18,7 +18,11 @@ from tests.runtime.harness import spawn
 from tests.runtime.scenarios import reference
 from tests.runtime.test_dist import PARAM_TOL, assert_matches, max_param_diff, merged
 from trainpilot.runtime.models.context import (
-    chunk_ids, global_positions, shard_sequence, unshard_sequence)
+    chunk_ids,
+    global_positions,
+    shard_sequence,
+    unshard_sequence,
+)
 
 
 @pytest.fixture(scope="module")

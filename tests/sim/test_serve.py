@@ -168,8 +168,9 @@ def test_calibration_reads_only_calibration_rows(monkeypatch):
 
 
 def test_every_row_cites_its_source():
-    import yaml
     from importlib import resources
+
+    import yaml
 
     text = resources.files("trainpilot.sim").joinpath("data", "serve_validation.yaml").read_text()
     for name, block in yaml.safe_load(text)["sources"].items():

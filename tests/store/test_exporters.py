@@ -12,8 +12,13 @@ import pytest
 from tests.conftest import run_cli
 from trainpilot.specs import SpecError
 from trainpilot.store import RunStore
-from trainpilot.store.exporters import ExportSpec, PrometheusExporter, TensorBoardExporter, \
-    export_metrics, export_store_to_tensorboard
+from trainpilot.store.exporters import (
+    ExportSpec,
+    PrometheusExporter,
+    TensorBoardExporter,
+    export_metrics,
+    export_store_to_tensorboard,
+)
 
 T0 = 1_700_000_000.25  # step wall times far from now: an export-time stamp cannot pass
 

@@ -9,8 +9,7 @@ import sqlite3
 
 import pytest
 
-from trainpilot.store import RankTiming, RunStore
-from trainpilot.store import rollup
+from trainpilot.store import RankTiming, RunStore, rollup
 from trainpilot.store.rollup import WIDTHS, metric_key, summarise, timing_key
 
 

@@ -2,7 +2,7 @@
 (and docs/dashboard.png) look at.
 
 Started under torchrun (``python -m torch.distributed.run --standalone --nproc-per-node 2 -m
-tests.ui.ddp_run RUN_DIR``). Every rank trains the health toy LM (``trainpilot.health.toyrun``) on
+tests.ui.ddp_run RUN_DIR``). Every rank trains the health toy LM (``tests.health.toyrun``) on
 its own shard of the seeded Markov data; gradients are averaged with one flat gloo all-reduce
 after backward, so each rank's compute time (forward + backward, before the collective) and
 communication time are measured apart, as the store's ``rank_timings`` want. Every rank runs a
@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch.nn.functional as F
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+    from tests.health.toyrun import MarkovData, ToyLM
     from trainpilot.fsio import atomic_write_bytes
     from trainpilot.health.config import load_health_config
     from trainpilot.health.monitor import HealthMonitor, StepRecord
-    from trainpilot.health.toyrun import MarkovData, ToyLM
     from trainpilot.store import RankTiming, RunStore
 
     torch.set_num_threads(1)

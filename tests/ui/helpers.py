@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMEDRIVER_CANDIDATES = ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver")
@@ -52,7 +53,7 @@ def train(run_dir: Path, *, steps: int = 60, slow_rank: int | None = 1, spike_at
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_tree(proc)
-        raise RuntimeError(f"training did not finish in {timeout_s} s")
+        raise RuntimeError(f"training did not finish in {timeout_s} s") from None
     if proc.returncode != 0:
         raise RuntimeError(f"training failed ({proc.returncode}):\n{out[-3000:]}")
     return run_dir

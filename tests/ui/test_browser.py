@@ -12,7 +12,7 @@ import pytest
 
 from tests.ui import helpers
 from trainpilot.store import RunStore
-from trainpilot.ui.data import TIMELINE_KINDS, natural_key, run_data
+from trainpilot.ui.data import natural_key, run_data
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 STRAGGLER_COLOR = "#d62728"
@@ -142,7 +142,7 @@ def test_dashboard_draws_the_store_and_updates_without_reload(trained_run, page,
 
 def test_runs_index_lists_runs_and_compares_two_loss_curves(trained_run, page, tmp_path):
     browser = page
-    from trainpilot.health.toyrun import run_toy_training
+    from tests.health.toyrun import run_toy_training
 
     root = tmp_path / "runs"
     run_toy_training(root / "toy", num_steps=40)

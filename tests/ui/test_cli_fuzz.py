@@ -15,10 +15,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
-import itertools
 import signal
-import sqlite3
-from pathlib import Path
 
 import pytest
 
@@ -87,6 +84,17 @@ def cases(p: dict[str, str]) -> list[tuple[str, list[str]]]:
     for key in DOC_PATHS:
         out.append((f"dashboard-token-file-{key}", ["dashboard", run, "--token-file", p[key]]))
     out.append(("dashboard-token-argv", ["dashboard", run, "--token", "x" * 30]))
+    for key in RUN_PATHS:
+        out.append((f"export-weights-{key}", ["export-weights", p[key], "--to", "torch",
+                                              "--output", p["dir"] + "/weights"]))
+        out.append((f"export-metrics-{key}", ["export-metrics", p[key], "--prometheus",
+                                              p["dir"] + "/m.prom"]))
+    for value in BAD_NUMBERS:
+        out.append((f"export-weights-step-{value}", ["export-weights", run, "--to", "torch",
+                                                     "--step", value]))
+    out.append(("export-weights-out-file", ["export-weights", run, "--to", "hf", "--output",
+                                            p["text"]]))
+    out.append(("export-metrics-tb-file", ["export-metrics", run, "--tensorboard", p["text"]]))
     out.append(("diagnose-none", ["diagnose"]))
     out.append(("diagnose-validate-with-log", ["diagnose", "--validate", p["text"]]))
     # ---- other verbs (their owners fix what KNOWN lists)

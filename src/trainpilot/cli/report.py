@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from trainpilot.cli.common import (EXIT_FAILURE, add_json_arg, add_verb, console, err_console,
-                                   print_json)
+from trainpilot.cli.common import (
+    EXIT_FAILURE,
+    add_json_arg,
+    add_verb,
+    console,
+    err_console,
+    print_json,
+)
 
 
 def register(subparsers) -> None:

@@ -78,7 +78,15 @@ def print_summary(info: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainpilot.specs import SpecError, check_job, dump, load_cluster, load_job, load_model, load_plan
+    from trainpilot.specs import (
+        SpecError,
+        check_job,
+        dump,
+        load_cluster,
+        load_job,
+        load_model,
+        load_plan,
+    )
 
     if args.job:
         job = load_job(args.job)

@@ -13,7 +13,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from trainpilot.cli.common import (
-    EXIT_FAILURE, add_doc_args, add_json_arg, add_verb, console, err_console, human, print_json)
+    EXIT_FAILURE,
+    add_doc_args,
+    add_json_arg,
+    add_verb,
+    console,
+    err_console,
+    human,
+    print_json,
+)
 
 # Training options that map one-to-one onto TrainConfig fields.
 _CONFIG_FLAGS = dict(steps=int, lr=float, warmup_steps=int, grad_clip=float, seed=int, data=str,
@@ -163,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args, model, plan, cluster)
     config = _config(args)
+    if args.health_config:  # bad rules are bad input: before anything starts
+        from trainpilot.health.config import load_health_config
+
+        load_health_config(args.health_config)
     from trainpilot.runtime.degrade import QuietStream
     from trainpilot.runtime.launch import RunPreempted, launch
 

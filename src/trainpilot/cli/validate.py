@@ -89,9 +89,7 @@ def run(args: argparse.Namespace) -> int:
     if args.calibrate:
         import yaml
 
-        from trainpilot.perf.validation.calibrate import calibrate
-
-        from trainpilot.perf.validation.calibrate import CALIBRATION_SOURCES
+        from trainpilot.perf.validation.calibrate import CALIBRATION_SOURCES, calibrate
 
         name = args.calibrate
         if name not in CALIBRATION_SOURCES:

@@ -44,7 +44,7 @@ class DivergenceRule(Rule):
     patience: int = pydantic.Field(ge=1)  # consecutive flagged steps that make a divergence
 
     @pydantic.model_validator(mode="after")
-    def _points_fit(self) -> "DivergenceRule":
+    def _points_fit(self) -> DivergenceRule:
         if self.min_points > self.window:
             raise ValueError(f"min_points ({self.min_points}) must be <= window ({self.window})")
         return self
@@ -117,7 +117,7 @@ class HealthConfig(_Strict):
     detail_every: int = pydantic.Field(ge=1)
     forecast_interval_s: float = pydantic.Field(gt=0)
 
-    def with_interventions(self, **enabled: bool) -> "HealthConfig":
+    def with_interventions(self, **enabled: bool) -> HealthConfig:
         """A copy with the named interventions switched on or off (``clip=True, ...``)."""
         data = self.model_dump()
         for name, on in enabled.items():
@@ -129,7 +129,7 @@ class HealthConfig(_Strict):
             data["interventions"][name]["enabled"] = on
         return HealthConfig.model_validate(data)
 
-    def updated(self, section: str, name: str, **fields) -> "HealthConfig":
+    def updated(self, section: str, name: str, **fields) -> HealthConfig:
         """A copy with ``section.name`` fields replaced (validated)."""
         data = self.model_dump()
         data[section][name].update(fields)

@@ -41,7 +41,7 @@ class Corpus(_Strict):
     cases: list[Case]
 
     @pydantic.model_validator(mode="after")
-    def _unique(self) -> "Corpus":
+    def _unique(self) -> Corpus:
         ids = [c.id for c in self.cases]
         urls = [c.url for c in self.cases]
         if len(set(ids)) != len(ids) or len(set(urls)) != len(urls):

@@ -28,21 +28,28 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Literal
 
 import pydantic
 import yaml
 
-from trainpilot.health.logscan import (Chunk, Prefilter, iter_chunks, open_log, text_chunks,
-                                        triggers_of)
+from trainpilot.health.logscan import (
+    Chunk,
+    Prefilter,
+    iter_chunks,
+    open_log,
+    text_chunks,
+    triggers_of,
+)
 from trainpilot.health.metriclines import MetricScanner
 from trainpilot.health.timestamps import guess_year, parse_timestamp
-from trainpilot.specs.errors import SpecError, from_pydantic
+from trainpilot.specs.errors import from_pydantic
 
 CATEGORIES = (
     "device_oom", "host_oom", "gpu_hardware", "gpu_memory_ecc", "network", "collective_timeout",
@@ -88,7 +95,7 @@ class Pattern(Finding):
     triggers: list[str] | None = None
 
     @pydantic.model_validator(mode="after")
-    def _has_triggers(self) -> "Pattern":
+    def _has_triggers(self) -> Pattern:
         found = self.trigger_list()
         if not found:
             raise ValueError(f"pattern {self.id!r}: no literal of >= 3 characters every match "
@@ -126,7 +133,7 @@ class PatternLibrary(_Strict):
     patterns: list[Pattern]
 
     @pydantic.model_validator(mode="after")
-    def _unique_ids(self) -> "PatternLibrary":
+    def _unique_ids(self) -> PatternLibrary:
         ids = [p.id for p in self.patterns]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:

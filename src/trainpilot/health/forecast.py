@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
+
 from trainpilot.specs.errors import SpecError
 
 CALIBRATION_PATH = Path(str(resources.files("trainpilot.health") / "data"

@@ -21,9 +21,10 @@ import io
 import lzma
 import os
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO
 
 from trainpilot.specs.errors import SpecError
 

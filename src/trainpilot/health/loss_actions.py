@@ -8,10 +8,14 @@ alert manager, intervention log, optimizer, store and ``restore`` callable.
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainpilot.health.interventions import pick_rollback_step, scale_lr
 from trainpilot.health.records import Directive
+
+if TYPE_CHECKING:
+    from trainpilot.health.monitor import _StepState
+    from trainpilot.health.records import StepRecord
 
 
 class LossActions:

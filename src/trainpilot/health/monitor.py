@@ -21,8 +21,9 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -31,14 +32,24 @@ from trainpilot.health.collector import GradStats, MetricsCollector, host_memory
 from trainpilot.health.config import HealthConfig, load_health_config
 from trainpilot.health.detectors import PlateauDetector, TrendDetector, TrendScore
 from trainpilot.health.forecast import ConvergenceForecaster
-from trainpilot.health.interventions import (InterventionLog, RestoreFn, clip_gradients,
-                                             drop_gradients)
+from trainpilot.health.interventions import (
+    InterventionLog,
+    RestoreFn,
+    clip_gradients,
+    drop_gradients,
+)
 from trainpilot.health.loss_actions import LossActions
 from trainpilot.health.records import Directive, StepRecord
-from trainpilot.health.score import (LEARN_AFTER_STEPS, SPIKE_MEMORY_STEPS, HealthScore,
-                                     ScoreInputs, health_score)
+from trainpilot.health.score import (
+    LEARN_AFTER_STEPS,
+    SPIKE_MEMORY_STEPS,
+    HealthScore,
+    ScoreInputs,
+    health_score,
+)
 from trainpilot.health.stragglers import StragglerDetector
 from trainpilot.store.runstore import RunStore
+
 
 @dataclass(kw_only=True)
 class _StepState:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ class StepRecord:
     predicted_step_time_s: float | None = None  # the cost model's figure, stored beside it
 
     @classmethod
-    def from_any(cls, record: Any) -> "StepRecord":
+    def from_any(cls, record: Any) -> StepRecord:
         """Read a Trainer's record (a mapping or an object) by field name, with aliases."""
         if isinstance(record, StepRecord):
             return record

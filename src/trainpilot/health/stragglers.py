@@ -11,13 +11,12 @@ steps; its reported slowdown is the median ratio over those steps.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from trainpilot.health.detectors import MAD_TO_SIGMA
-from trainpilot.records import RankTiming
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ All results are naive UTC datetimes; formats without a year take ``default_year`
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 _MONTHS = {m: i for i, m in enumerate(
     ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
@@ -78,4 +78,4 @@ def guess_year(lines: list[str]) -> int:
     else this year."""
     years = [int(m.group("y")) for line in lines[:20000]
              if (m := _ISO.search(line[:HEAD_CHARS]))]
-    return max(years) if years else datetime.now(timezone.utc).year
+    return max(years) if years else datetime.now(UTC).year

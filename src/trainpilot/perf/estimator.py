@@ -21,8 +21,14 @@ from trainpilot.perf.dataparallel import Traffic, exposed, per_unit, traffic
 from trainpilot.perf.flops import hardware_flops_per_token, model_flops_per_token
 from trainpilot.perf.group import Group
 from trainpilot.perf.hardware import Device, curve_for, device_model
-from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerCost, LayerSetup, activation_bytes, \
-    layer_cost
+from trainpilot.perf.layer import (
+    ACT_BYTES,
+    BWD_MEM,
+    LayerCost,
+    LayerSetup,
+    activation_bytes,
+    layer_cost,
+)
 from trainpilot.perf.memory import RankParams, in_flight, stage_rank_params
 from trainpilot.perf.options import CostOptions
 from trainpilot.perf.stages import (  # noqa: F401 (re-exported: the cost model's records)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -168,7 +168,7 @@ def curve_from_dict(name: str, data: dict[str, Any]) -> EfficiencyCurve:
     )
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bundled() -> dict[str, EfficiencyCurve]:
     text = resources.files("trainpilot.perf").joinpath("data", _DATA).read_text()
     return {name: curve_from_dict(name, entry) for name, entry in yaml.safe_load(text).items()}

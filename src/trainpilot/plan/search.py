@@ -14,11 +14,13 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from trainpilot.perf import CostOptions, Estimator, Layout, Prediction, predict
 from trainpilot.perf.group import Group
+from trainpilot.perf.runtime import resolve
 from trainpilot.plan.space import (
     RECOMPUTE,
     SearchSpace,
@@ -29,7 +31,6 @@ from trainpilot.plan.space import (
     splits,
     tp_options,
 )
-from trainpilot.perf.runtime import resolve
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, RuntimeProfile, SpecError
 
 GIB = 2.0**30

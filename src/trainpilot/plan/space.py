@@ -5,8 +5,8 @@ as divisibility filters up front (so no candidate needs a pydantic round-trip).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 from trainpilot.specs import ClusterSpec, ModelSpec, SpecError

@@ -2,7 +2,7 @@
 
 The launcher reuses ``torch.distributed.run``'s own argument parser (``--nnodes``,
 ``--nproc-per-node``, ``--rdzv-*``, ``--max-restarts``, ...) and calls
-``torch.distributed.run.run`` with the worker module :mod:`trainpilot.runtime.worker`; multi-node
+``torch.distributed.run.run`` with the worker module :mod:`trainpilot.app.worker`; multi-node
 is torchrun's c10d rendezvous. A single-node job with no rendezvous options runs standalone
 (torchrun picks a free port). A thread tails the run's ``metrics.jsonl`` to show progress.
 """
@@ -18,13 +18,22 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from trainpilot.runtime.rundir import PREEMPTED, check_usable, clear_preempted, decide, inspect
 from trainpilot.runtime.watchdog import (
-    ENV_DIR, ENV_LAUNCHER, AgentExitReports, Observation, Watchdog, journal_lost_launch, log_launch,
-    signal_name, watch_dir_for)
+    ENV_DIR,
+    ENV_LAUNCHER,
+    AgentExitReports,
+    Observation,
+    Watchdog,
+    journal_lost_launch,
+    log_launch,
+    signal_name,
+    watch_dir_for,
+)
 from trainpilot.runtime.workerjob import WorkerJob
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
@@ -34,7 +43,7 @@ DEFAULT_MAX_RESTARTS = 3
 # torchrun options that do not apply: we always start our own worker module.
 _NOT_FORWARDED = {"help", "module", "no_python", "run_path", "training_script",
                   "training_script_args"}
-WORKER_MODULE = "trainpilot.runtime.worker"
+WORKER_MODULE = "trainpilot.app.worker"  # the composition root (a module name only)
 
 
 def torchrun_parser() -> argparse.ArgumentParser:
@@ -167,7 +176,7 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
     """
     note = on_note or (lambda line: None)
     run_dir = Path(run_dir).resolve()
-    inject = _check_options(inject, elastic, health_config, callbacks, config=config, plan=plan)
+    inject = _check_options(inject, elastic, callbacks, config=config, plan=plan)
     elastic = dict(elastic or {})
     if not recovery:
         elastic.setdefault("recovery", "restart")
@@ -259,8 +268,8 @@ class _StopOnBadInput:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _check_options(inject: str | None, elastic: dict[str, Any] | None,
-                   health_config: str | None, callbacks, *, config, plan: Plan) -> str:
+def _check_options(inject: str | None, elastic: dict[str, Any] | None, callbacks, *, config,
+                   plan: Plan) -> str:
     """Validate everything the workers would only find wrong after seconds of start-up;
     returns the fault spec with any ``chaos:`` part expanded."""
     spec = ""
@@ -274,10 +283,6 @@ def _check_options(inject: str | None, elastic: dict[str, Any] | None,
         from trainpilot.runtime.elastic import ElasticConfig
 
         ElasticConfig(**elastic)
-    if health_config:
-        from trainpilot.health.config import load_health_config
-
-        load_health_config(health_config)
     for ref in callbacks:
         _check_callback(ref)
     return spec

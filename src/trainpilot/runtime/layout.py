@@ -12,8 +12,8 @@ to everything that needs a group; there is no global process-group singleton.
 
 from __future__ import annotations
 
-import os
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 

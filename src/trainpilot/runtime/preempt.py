@@ -25,7 +25,8 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 class Preempted(Exception):

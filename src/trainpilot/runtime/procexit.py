@@ -27,7 +27,8 @@ import os
 import sys
 import threading
 import traceback
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 
 def end_process(code: int = 0, *, join_threads: bool = True) -> NoReturn:

@@ -11,7 +11,8 @@ flag's sum checks that they agreed.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

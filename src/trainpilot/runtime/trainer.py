@@ -25,7 +25,8 @@ import math
 import os
 import random
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,9 +40,19 @@ from trainpilot.runtime.data import MarkovCorpus, TokenDataset, TokenFileDataset
 from trainpilot.runtime.elastic.retry import retry_collective
 from trainpilot.runtime.layout import Layout, build_layout
 from trainpilot.runtime.optim import (
-    build_grad_scaler, build_lr_scheduler, build_optimizer, clip_grad_norm_, global_grad_norm)
+    build_grad_scaler,
+    build_lr_scheduler,
+    build_optimizer,
+    clip_grad_norm_,
+    global_grad_norm,
+)
 from trainpilot.runtime.parallelize import (
-    ParallelModel, parallelize, sync_expert_grads, token_cross_entropy, wrap_custom)
+    ParallelModel,
+    parallelize,
+    sync_expert_grads,
+    token_cross_entropy,
+    wrap_custom,
+)
 from trainpilot.runtime.sampler import ResumableSampler
 from trainpilot.runtime.stepstats import StepStats
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
@@ -568,7 +579,12 @@ class Trainer:
         process resumes), and one is saved every ``checkpoint_every`` steps. With an elastic
         session a failure is recovered in process and training goes on."""
         from trainpilot.runtime.elastic.steps import (
-            recover_or_raise, report_failed_save, resume, save_if_due, save_now)
+            recover_or_raise,
+            report_failed_save,
+            resume,
+            save_if_due,
+            save_now,
+        )
 
         target = steps if steps is not None else self.config.steps
         for cb in self.callbacks:
@@ -605,7 +621,10 @@ class Trainer:
         the checkpointer captures every rank's own (in the global state it would be
         deduplicated as a replicated tensor)."""
         from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         options = StateDictOptions(flatten_optimizer_state_dict=True)
         model_state: dict[str, Any] = {}
@@ -626,7 +645,10 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
 
         self._fence()
 

@@ -38,9 +38,10 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainpilot.fsio import atomic_write_text
 from trainpilot.runtime.faults import append_journal

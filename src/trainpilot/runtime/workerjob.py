@@ -26,7 +26,7 @@ JOB_FILE = "job.json"
 class WorkerJob(Spec):
     """What a worker needs to run its rank of the job (paths absolute)."""
 
-    model: ModelSpec
+    model: ModelSpec | None  # None: the caller supplies its own module (app.rank.RankHooks)
     plan: Plan
     config: TrainConfig = TrainConfig()
     cluster: ClusterSpec | None = None

@@ -29,9 +29,9 @@ from typing import Any
 import pydantic
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
+from trainpilot.sim.failures import FailureModel
 from trainpilot.specs.base import Spec
 from trainpilot.specs.errors import SpecError
-from trainpilot.sim.failures import FailureModel
 
 BADPUT_KEYS = ("checkpoint_stall", "lost_progress", "detection", "spare_wait", "restart",
                "restore", "retry")

@@ -12,8 +12,8 @@ prints, ``explain_rows`` the ``--explain`` table with the badput each cost produ
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from trainpilot.sim.availability import AvailabilityResult, CheckpointSpec, RecoverySpec
 from trainpilot.sim.failures import FailureModel

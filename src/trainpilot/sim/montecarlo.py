@@ -323,7 +323,7 @@ def evaluate(blocks: list[Windows], ckpt: CheckpointSpec, interval_min: float) -
             part["kept"] = k
     acc: dict[str, list[np.ndarray]] = {}
     for w, part in zip(blocks, parts):
-        tot = lambda x: np.bincount(w.row, weights=x, minlength=w.num_trials)  # noqa: E731
+        tot = lambda x: np.bincount(w.row, weights=x, minlength=w.num_trials)  # noqa: E731,B023
         part["productive"] = part["kept"]
         part["lost_progress"] = part["work"] - part["kept"]
         for key in ("productive",) + BADPUT_KEYS:
@@ -337,7 +337,7 @@ def evaluate(blocks: list[Windows], ckpt: CheckpointSpec, interval_min: float) -
 def _split(w: Windows, ckpt: CheckpointSpec, interval_min: float) -> dict[str, np.ndarray]:
     """Per-window hours by category (``kept`` only without peer copies; with them ``peer`` and
     ``durable`` save counts for the lock-step rollback)."""
-    tot = lambda x: np.bincount(w.row, weights=x, minlength=w.num_trials)  # noqa: E731
+    tot = lambda x: np.bincount(w.row, weights=x, minlength=w.num_trials)  # noqa: E731,B023
     out: dict[str, np.ndarray] = {}
     start = np.zeros_like(w.span_h)
     for i, key in enumerate(("detection", "spare_wait", "restart", "restore")):

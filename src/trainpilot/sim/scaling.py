@@ -22,8 +22,9 @@ ceiling, since devices draw less while waiting on communication or a restart.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 from trainpilot.sim.availability import (
     AvailabilityJob,

@@ -19,11 +19,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from trainpilot.specs.errors import SpecError
 from trainpilot.sim.schedules import SCHEDULES, Op, rank_ops
+from trainpilot.specs.errors import SpecError
 
 TRACK_COMPUTE, TRACK_PP, TRACK_DP = 0, 1, 2
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from trainpilot.specs.errors import SpecError
 
@@ -140,6 +140,9 @@ class ExportSpec:
                                 "prometheus=PORT or prometheus=FILE, comma-separated")
             if key == "tensorboard":
                 out.tensorboard = Path(value)
+                if out.tensorboard.exists() and not out.tensorboard.is_dir():
+                    raise SpecError("--export-metrics", part, "tensorboard= names a file; "
+                                    "valid: a log directory (new or existing)")
             elif key == "prometheus":
                 if value.isdigit():
                     port = int(value)
@@ -148,6 +151,9 @@ class ExportSpec:
                     out.prometheus_port = port
                 else:
                     out.prometheus_file = Path(value)
+                    if out.prometheus_file.is_dir():
+                        raise SpecError("--export-metrics", part, "prometheus= names a "
+                                        "folder; valid: a file to write, or a port")
             else:
                 raise SpecError("--export-metrics", key, "valid: tensorboard, prometheus")
         if out.tensorboard is None and out.prometheus_port is None and out.prometheus_file is None:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 WIDTHS = (64, 1024, 16384)
 FAN = 16  # each width is FAN times the one before
@@ -86,7 +86,7 @@ class Bucket:
                 self.last_value, self.nan_step)
 
     @classmethod
-    def from_row(cls, r: Sequence) -> "Bucket":
+    def from_row(cls, r: Sequence) -> Bucket:
         return cls(num=r[0], num_nan=r[1], lo=r[2], lo_step=r[3], hi=r[4], hi_step=r[5],
                    first_step=r[6], first_value=r[7], last_step=r[8], last_value=r[9],
                    nan_step=r[10])

@@ -20,9 +20,10 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from trainpilot.records import RankTiming  # noqa: F401 (part of the store's API)
 from trainpilot.specs.errors import SpecError
@@ -140,7 +141,7 @@ class RunStore:
     @classmethod
     def create(cls, run_dir: str | os.PathLike, *, name: str | None = None, world_size: int = 1,
                info: Mapping[str, Any] | None = None, flush_every_steps: int = 200,
-               flush_interval_s: float = 2.0, durable: bool = False) -> "RunStore":
+               flush_interval_s: float = 2.0, durable: bool = False) -> RunStore:
         """Open the run's store for writing, creating it if needed (rank 0 only).
 
         Reopening an existing store (a restarted or re-run job) keeps its rows, marks the run
@@ -184,7 +185,7 @@ class RunStore:
         return store
 
     @classmethod
-    def append(cls, run_dir: str | os.PathLike, *, status_if_new: str = "external") -> "RunStore":
+    def append(cls, run_dir: str | os.PathLike, *, status_if_new: str = "external") -> RunStore:
         """Open a store for writing after (or outside) the run — e.g. ``trainpilot diagnose
         --store`` adding a diagnosis — without marking the run as running again. A missing
         store is created with ``status_if_new``."""
@@ -230,7 +231,7 @@ class RunStore:
             store.close()
 
     @classmethod
-    def open_readonly(cls, run_dir: str | os.PathLike) -> "RunStore":
+    def open_readonly(cls, run_dir: str | os.PathLike) -> RunStore:
         """Open a run's store for reading while (or after) training writes it."""
         path = store_path(run_dir)
         if not path.is_file():
@@ -253,7 +254,7 @@ class RunStore:
         store.has_rollups = {"rollups", "series", "batches"} <= tables
         return store
 
-    def __enter__(self) -> "RunStore":
+    def __enter__(self) -> RunStore:
         return self
 
     def __exit__(self, exc_type, *_exc) -> None:

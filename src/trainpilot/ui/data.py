@@ -22,7 +22,8 @@ fewer rows than ``max_points``.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from trainpilot.specs.errors import SpecError
 from trainpilot.store import RunStore

@@ -50,7 +50,7 @@ class _Values:
         self.values = np.empty(0)
 
 
-_CACHE: "weakref.WeakKeyDictionary[RunStore, dict[str, _Values]]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[RunStore, dict[str, _Values]] = weakref.WeakKeyDictionary()
 _CACHE_LOCK = threading.Lock()
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import re
 import hmac
 import ipaddress
+import re
 import secrets
-import sqlite3
 import socket
+import sqlite3
 import urllib.parse
 from importlib import resources
 from pathlib import Path
@@ -31,8 +31,13 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import (FileResponse, JSONResponse, PlainTextResponse, RedirectResponse,
-                                 StreamingResponse)
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    StreamingResponse,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -101,7 +106,6 @@ class Guard:
         request = Request(scope)
         if self.loopback_only and not _host_is_loopback(request.headers.get("host", "")):
             return await PlainTextResponse("forbidden: bad Host header", 403)(scope, receive, send)
-        set_cookie = False
         if self.token is not None:
             ok, from_query = self._authorised(request)
             if not ok:
@@ -179,8 +183,15 @@ def _int_param(request: Request, name: str, default: int | None = None) -> int |
 def create_app(root: str | Path, *, token: str | None = None, loopback_only: bool = True,
                port: int = 0, secure: bool = False):
     """The ASGI app for the runs under ``root`` (a run directory or a folder of them)."""
-    from trainpilot.ui.data import (DEFAULT_MAX_POINTS, check_int, clean, compare_data,
-                                    csv_rows, run_data, window_data)
+    from trainpilot.ui.data import (
+        DEFAULT_MAX_POINTS,
+        check_int,
+        clean,
+        compare_data,
+        csv_rows,
+        run_data,
+        window_data,
+    )
     from trainpilot.ui.plan import plan_section
 
     index = RunIndex(root)

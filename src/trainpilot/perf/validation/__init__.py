@@ -12,9 +12,9 @@ from trainpilot.perf.validation.cases import (
 from trainpilot.perf.validation.runner import (
     DATASET_THRESHOLDS,
     HELD_OUT_GATES,
-    TARGETS,
     POOLED,
     SOURCE_MEAN,
+    TARGETS,
     THRESHOLDS,
     Result,
     Summary,

@@ -15,7 +15,7 @@ Splits, by source:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ def published() -> dict[str, Any]:
     return yaml.safe_load(text)
 
 
-@lru_cache(maxsize=None)
+@cache
 def gpt(layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048) -> ModelSpec:
     """A Megatron GPT: learned positions, LayerNorm, biased linears, GELU MLP of width 4h."""
     return ModelSpec(name=f"gpt-{layers}x{hidden}", num_hidden_layers=layers, hidden_size=hidden,
@@ -76,7 +76,7 @@ def gpt(layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 204
                      position_embedding="learned", max_position_embeddings=seq)
 
 
-@lru_cache(maxsize=None)
+@cache
 def a100_cluster(gpus: int, inter_node_gbytes: float | None = None) -> ClusterSpec:
     cluster = load_cluster(f"a100-80gb-x{gpus}")
     if inter_node_gbytes is None or cluster.num_nodes == 1:
@@ -135,7 +135,7 @@ def korthikanti_cases() -> list[Case]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def llama3_cluster(gpus: int) -> ClusterSpec:
     """H100 SXM servers of 8 in 3,072-GPU pods (384 servers: our racks), Llama 3's RoCE."""
     return load_cluster(f"h100-sxm-x{gpus}").replace(nodes_per_rack=384)

@@ -24,8 +24,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 import torch.distributed as dist
@@ -40,7 +40,13 @@ from trainpilot.runtime.checkpoint.config import (
 from trainpilot.runtime.checkpoint.peer import MemoryTier, default_offset, ring_exchange
 from trainpilot.runtime.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainpilot.runtime.checkpoint.snapshot import (
-    GLOBAL, HostSnapshot, fill_snapshot, on_host, prepare_snapshot, restore_tensors)
+    GLOBAL,
+    HostSnapshot,
+    fill_snapshot,
+    on_host,
+    prepare_snapshot,
+    restore_tensors,
+)
 from trainpilot.runtime.checkpoint.storage import CheckpointWriter, index_from_manifest
 
 log = logging.getLogger(__name__)

@@ -26,8 +26,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from trainpilot.runtime.elastic.rendezvous import host_name
 

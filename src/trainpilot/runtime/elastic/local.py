@@ -66,7 +66,7 @@ def _child(target: Callable, rank: int, env: dict[str, str], args: tuple) -> Non
 PRELOAD = ("torch.distributed.checkpoint", "torch.distributed.fsdp", "torch.distributed.tensor",
            "torch.distributed.checkpoint.state_dict", "trainpilot.runtime.trainer",
            "trainpilot.runtime.checkpoint", "trainpilot.runtime.elastic.session",
-           "trainpilot.runtime.elastic.drill", "trainpilot.health.monitor", "trainpilot.store")
+           "trainpilot.app.rank", "trainpilot.health.monitor", "trainpilot.store")
 
 
 class LocalSupervisor:

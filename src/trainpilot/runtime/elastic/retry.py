@@ -12,7 +12,8 @@ once to a recovery on a new group.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from trainpilot.runtime.faults import InjectedCollectiveError
 

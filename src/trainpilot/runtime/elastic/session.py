@@ -22,14 +22,20 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from trainpilot.runtime.elastic.config import ElasticConfig
 from trainpilot.runtime.elastic.heartbeat import Heartbeat, Verdict
 from trainpilot.runtime.elastic.rendezvous import (
-    Generations, WorkerEnv, abort_world, base_store, client_store)
+    Generations,
+    WorkerEnv,
+    abort_world,
+    base_store,
+    client_store,
+)
 
 if TYPE_CHECKING:
     from trainpilot.runtime.trainer import Trainer

@@ -103,16 +103,19 @@ def save_now(trainer: Trainer) -> Any:
     ckpt = trainer.checkpointer
     if ckpt is None or trainer.step == 0:
         return None
+    # The save in flight first: its writer thread runs collectives on the checkpointer's group,
+    # and this thread's must not interleave with them.
+    trainer._phase("collective")
+    report_failed_save(trainer, wait=True)
     # Which signal it was: the rank that received it may not be this one.
     mine = trainer.preempt.signal_name if trainer.preempt is not None else ""
     trainer.preempt_signal = next((s for s in ckpt.group.all_gather(mine) if s), "")
     last = getattr(trainer, "_last_save", None)
-    if last is not None and last.step == trainer.step and last.report.to_storage:
-        ckpt.wait()
+    if (last is not None and last.step == trainer.step and last.report.to_storage
+            and last.done() and last.future.exception() is None):
+        trainer._phase("compute")
         trainer.preempt_checkpoint = last.report.path
         return last
-    report_failed_save(trainer, wait=True)
-    trainer._phase("collective")
     handle = ckpt.save(trainer.step, trainer.state_dict(rng=False),
                        rank_state=trainer.rank_state(), to_storage=True, overlap=False)
     trainer.num_saves += 1

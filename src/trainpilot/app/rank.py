@@ -1,23 +1,28 @@
-"""The worker torchrun starts on every rank: ``python -m trainpilot.runtime.worker --job JSON``.
+"""One rank of a job, built from its job document: the composition root.
 
-It joins the job's process group through an elastic session (a generation over the job's
-store), builds the layout (the plan fitted to the world size torchrun gave it), lets rank 0
-write the resolved documents into the run directory (atomically) and open the run store,
-calibrates the cost model on CPU, and trains with the checkpointer (``plan.checkpoint``), the
-fault injector (``--inject``), the health monitor and in-process recovery wired in. Per-step
-records stream to ``metrics.jsonl`` for the launcher; ``summary.json`` ends the run.
+:func:`build_rank` joins the job's process group through an elastic session (a generation over
+the job's store), builds the layout (the plan fitted to the world size torchrun gave it), lets
+rank 0 write the resolved documents into the run directory (atomically) and open the run store,
+calibrates the cost model on CPU, and builds the checkpointer (``plan.checkpoint``), the fault
+injector (``--inject``), the health monitor and the Trainer with in-process recovery wired in.
+:func:`run_rank` trains it: per-step records stream to ``metrics.jsonl`` (and the launcher's
+node-local stream); ``summary.json`` ends the run, ``preempted.json`` a preempted one.
+
+Callers other than ``trainpilot train`` (the recovery drills, tests) change what they must
+through :class:`RankHooks` (a model of their own, a recording dataset, extra callbacks, a
+negative-control subclass) and get everything else exactly as ``trainpilot train`` builds it.
 """
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import json
 import os
 import platform
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +30,26 @@ from trainpilot.fsio import atomic_write_text
 from trainpilot.runtime.callbacks import Callback
 from trainpilot.runtime.preempt import PreemptGuard
 from trainpilot.runtime.watchdog import Beacon
-from trainpilot.runtime.workerjob import WorkerJob, read_job
+from trainpilot.runtime.workerjob import WorkerJob
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError, dump
 
 
-def write_documents(run_dir: Path, *, model: ModelSpec, plan: Plan, config, extra: dict) -> None:
-    """The resolved model, plan and training config, plus the environment (rank 0 only)."""
-    dump(model, run_dir / "model.yaml")
-    dump(plan, run_dir / "plan.yaml")
-    dump(config, run_dir / "train.yaml")
-    atomic_write_text(run_dir / "env.json", json.dumps(extra, indent=2) + "\n")
+def write_documents(run_dir: Path, *, model: ModelSpec | None, plan: Plan, config,
+                    extra: dict) -> None:
+    """The resolved model, plan and training config, plus the environment (rank 0 only). A
+    disk that refuses them costs a warning, not the run."""
+    from trainpilot.runtime.degrade import is_disk_error
+
+    try:
+        if model is not None:
+            dump(model, run_dir / "model.yaml")
+        dump(plan, run_dir / "plan.yaml")
+        dump(config, run_dir / "train.yaml")
+        atomic_write_text(run_dir / "env.json", json.dumps(extra, indent=2) + "\n")
+    except OSError as err:
+        if not is_disk_error(err):
+            raise
+        print(f"warning: the run's documents were not written ({err})", file=sys.stderr)
 
 
 def predict(model: ModelSpec, plan: Plan, layout, cluster: ClusterSpec | None, *,
@@ -65,9 +80,10 @@ def open_store(run_dir: Path, *, model: ModelSpec, plan: Plan, config, cluster, 
     from trainpilot.store import RunStore
 
     store = RunStore.create(run_dir, name=run_dir.name, world_size=layout.world_size,
-                            info=dict(writer="trainpilot.runtime.worker", inject=job.inject),
+                            info=dict(writer="trainpilot.app.rank", inject=job.inject),
                             flush_every_steps=50, flush_interval_s=1.0)
-    store.set_document("model", model.to_dict())
+    if model is not None:
+        store.set_document("model", model.to_dict())
     store.set_document("plan", plan.to_dict())
     store.set_document("train", config.to_dict())
     if cluster is not None:
@@ -88,7 +104,8 @@ def build_monitor(job: WorkerJob, *, store, model: ModelSpec, plan: Plan, config
 
     health_config = load_health_config(job.health_config) if job.health_config \
         else load_health_config()
-    flops = model_flops_per_token(model, plan.seq_len) * plan.tokens_per_step
+    flops = (model_flops_per_token(model, plan.seq_len) * plan.tokens_per_step
+             if model is not None else None)
     peak = None
     if cluster is not None:
         peak = cluster.device.peak_tflops.get("bf16", 0.0) * 1e12 * plan.world_size or None
@@ -105,7 +122,8 @@ def build_monitor(job: WorkerJob, *, store, model: ModelSpec, plan: Plan, config
     return monitor
 
 
-def build_checkpointer(job: WorkerJob, *, plan: Plan, run_dir: Path, faults, elastic):
+def build_checkpointer(job: WorkerJob, *, plan: Plan, run_dir: Path, faults, elastic,
+                       cls: type | None = None):
     """The checkpointer of ``plan.checkpoint`` (None with ``--no-checkpoint``). A failed save
     is logged and training goes on (the next one may succeed: a disk that was full)."""
     if not job.checkpoint:
@@ -117,7 +135,7 @@ def build_checkpointer(job: WorkerJob, *, plan: Plan, run_dir: Path, faults, ela
         plan.checkpoint, run_dir / "checkpoints",
         on_write_error="warn", group_timeout_s=max(timeout, 60.0),
         drain_timeout_s=max(2.0 * timeout, 10.0))
-    return Checkpointer(config, faults=faults)
+    return (cls or Checkpointer)(config, faults=faults)
 
 
 class _Emitter:
@@ -132,11 +150,65 @@ class _Emitter:
             self.target(kind, payload)
 
 
-def run_worker(job: WorkerJob, *, beacon: Beacon | None = None,
-               guard: PreemptGuard | None = None) -> str:
-    """Train this rank of ``job``; returns ``"completed"``, or ``"preempted"`` when a signal
-    stopped the run after its last-moment checkpoint. Raises for everything else (the caller
-    records why)."""
+@dataclass(kw_only=True)
+class RankHooks:
+    """What a caller other than ``trainpilot train`` may change in a rank; everything else is
+    built exactly as ``trainpilot train`` builds it.
+
+    ``model_factory``: a user's own ``nn.Module`` (tokens -> logits) instead of ``job.model``
+    (which is then None). ``dataset``: instead of the one ``job.config.data`` names.
+    ``wrap_dataset(dataset, rank)``: e.g. record what each step reads. ``callbacks(rank)``:
+    extra callbacks, built once the session and layout exist. ``trainer_cls`` /
+    ``checkpointer_cls``: subclasses (the oracle's negative controls)."""
+
+    model_factory: Callable[[], Any] | None = None
+    dataset: Any = None
+    wrap_dataset: Callable[[Any, Rank], Any] | None = None
+    callbacks: Callable[[Rank], list] | None = None
+    trainer_cls: type | None = None
+    checkpointer_cls: type | None = None
+
+
+@dataclass(kw_only=True)
+class Rank:
+    """The pieces of one rank (built by :func:`build_rank`; :meth:`close` releases them)."""
+
+    job: WorkerJob
+    run_dir: Path
+    session: Any
+    plan: Plan
+    layout: Any = None
+    store: Any = None
+    faults: Any = None
+    checkpointer: Any = None
+    monitor: Any = None
+    trainer: Any = None
+    prediction: dict[str, Any] = field(default_factory=dict)
+    watch_dir: Path | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.session.rank
+
+    def close(self, status: str = "failed") -> None:
+        """Close the store (with ``status`` unless already closed), the checkpointer, the
+        session and the process group. Safe to call twice."""
+        import torch.distributed as dist
+
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+            self.checkpointer = None
+        if self.store is not None:
+            self.store.close(status=status)
+            self.store = None
+        self.session.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon | None = None,
+               guard: PreemptGuard | None = None) -> Rank:
+    """Join the job and build this rank's pieces (collective with the other ranks)."""
     import torch
     import torch.distributed as dist
 
@@ -146,49 +218,61 @@ def run_worker(job: WorkerJob, *, beacon: Beacon | None = None,
     from trainpilot.runtime.elastic.session import ElasticSession
     from trainpilot.runtime.faults import FaultInjector
     from trainpilot.runtime.layout import build_layout
-    from trainpilot.runtime.trainer import Trainer
+    from trainpilot.runtime.trainer import Trainer, make_dataset
 
+    hooks = hooks or RankHooks()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    model, plan, config, cluster = job.model, job.plan, job.config, job.cluster
+    model, config, cluster = job.model, job.config, job.cluster
     run_dir = Path(job.run_dir)
-    watch_dir = beacon.dir if beacon is not None else None
     session = ElasticSession(ElasticConfig(**job.elastic))
     session.start()
-    store = checkpointer = None
+    part = Rank(job=job, run_dir=run_dir, session=session, plan=job.plan,
+                watch_dir=beacon.dir if beacon is not None else None)
     emit = _Emitter()
     try:
-        plan = plan_for_world(plan, dist.get_world_size())  # elastic --nnodes=MIN:MAX
-        layout = build_layout(plan, model=model)
+        plan = part.plan = plan_for_world(job.plan, dist.get_world_size())  # --nnodes=MIN:MAX
+        layout = part.layout = build_layout(plan, model=model, custom_model=model is None)
         rank0 = layout.rank == 0
         if rank0:
             write_documents(run_dir, model=model, plan=plan, config=config, extra=dict(
                 torch=torch.__version__, python=platform.python_version(),
                 host=platform.node(), **layout.describe()))
-        pred = _prediction(model, plan, layout, cluster, config, run_dir, session)
+        pred = part.prediction = _prediction(model, plan, layout, cluster, config, run_dir,
+                                             session)
         if rank0 and pred.get("cluster") is not None:
             dump(pred["cluster"], run_dir / "cluster.yaml")
         if rank0:
-            store = _open_store(run_dir, model=model, plan=plan, config=config,
-                                cluster=pred.get("cluster"), layout=layout, job=job, emit=emit)
-        faults = FaultInjector(job.inject, journal_path=run_dir / "faults.jsonl")
-        checkpointer = build_checkpointer(job, plan=plan, run_dir=run_dir, faults=faults,
-                                          elastic=session)
-        monitor = build_monitor(job, store=store, model=model, plan=plan, config=config,
-                                cluster=pred.get("cluster"))
-        recorder = RunRecorder(store, rank=layout.rank, journal=faults,
+            part.store = _open_store(run_dir, model=model, plan=plan, config=config,
+                                     cluster=pred.get("cluster"), layout=layout, job=job,
+                                     emit=emit)
+        part.faults = FaultInjector(job.inject, journal_path=run_dir / "faults.jsonl")
+        part.checkpointer = build_checkpointer(job, plan=plan, run_dir=run_dir,
+                                               faults=part.faults, elastic=session,
+                                               cls=hooks.checkpointer_cls)
+        monitor = part.monitor = build_monitor(job, store=part.store, model=model, plan=plan,
+                                               config=config, cluster=pred.get("cluster"))
+        recorder = RunRecorder(part.store, rank=layout.rank, journal=part.faults,
                                monitor_logs_metrics=monitor is not None,
                                on_fault=(lambda rec: monitor.on_event("fault", rec))
                                if monitor is not None else None)
         metrics = JsonlMetrics(run_dir / "metrics.jsonl", rank=layout.rank, on_degraded=emit,
-                               mirror=watch_dir / "stream.jsonl" if watch_dir else None)
+                               mirror=part.watch_dir / "stream.jsonl" if part.watch_dir else None)
         extra = [BeaconSteps(beacon)] if beacon is not None else []
-        trainer = Trainer(model=model, plan=plan, config=config, layout=layout,
-                          callbacks=[metrics, recorder, *extra, *load_callbacks(
-                              job.callbacks, run_dir=run_dir, layout=layout)],
-                          predicted_step_time_s=pred.get("predicted_step_time_s"),
-                          cluster=cluster or pred.get("cluster"), checkpointer=checkpointer,
-                          faults=faults, monitor=monitor, elastic=session, preempt=guard)
-        emit.target = trainer.emit
+        extra += hooks.callbacks(part) if hooks.callbacks is not None else []
+        dataset = hooks.dataset if hooks.dataset is not None else make_dataset(config, model,
+                                                                                plan)
+        if hooks.wrap_dataset is not None:
+            dataset = hooks.wrap_dataset(dataset, part)
+        cls = hooks.trainer_cls or Trainer
+        part.trainer = cls(model=model, model_factory=hooks.model_factory, plan=plan,
+                           config=config, layout=layout, dataset=dataset,
+                           callbacks=[metrics, recorder, *extra, *load_callbacks(
+                               job.callbacks, run_dir=run_dir, layout=layout)],
+                           predicted_step_time_s=pred.get("predicted_step_time_s"),
+                           cluster=cluster or pred.get("cluster"),
+                           checkpointer=part.checkpointer, faults=part.faults, monitor=monitor,
+                           elastic=session, preempt=guard)
+        emit.target = part.trainer.emit
         if rank0:
             # A preemption marker of an earlier attempt: this one trains on (torchrun's agent
             # also stops healthy workers with SIGTERM when the job's membership changes; they
@@ -197,37 +281,47 @@ def run_worker(job: WorkerJob, *, beacon: Beacon | None = None,
 
             clear_preempted(run_dir)
         if "calibration" in pred:
-            trainer.emit("calibration", dict(**pred["calibration"], note=pred["calibration_note"]))
-        summary = trainer.fit()
-        if trainer.stop_reason == "preempted":
-            if trainer.layout.rank == 0:
-                _write_preempted(run_dir, trainer, guard)
-            if store is not None:
-                store.close(status="preempted")
-                store = None
-            return "preempted"
-        if trainer.layout.rank == 0:
-            summary.update(
-                layout=trainer.layout.describe(), autocast=trainer.autocast_note,
-                prediction_note=pred.get("prediction_note"),
-                calibration=pred.get("calibration"), data=_data_info(trainer.dataset),
-                faults_fired=len(faults.fired()),
-                checkpoint_errors=len(checkpointer.errors) if checkpointer else 0)
-            if store is not None:
-                summary.update(_whole_run(store))
-            _write_summary(run_dir, watch_dir, summary)
-        if store is not None:
-            store.close(status="completed")
-            store = None
-        return "completed"
+            part.trainer.emit("calibration", dict(**pred["calibration"],
+                                                  note=pred["calibration_note"]))
+        return part
+    except BaseException:
+        part.close()
+        raise
+
+
+def run_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon | None = None,
+             guard: PreemptGuard | None = None) -> str:
+    """Build this rank and train it to the end; returns ``"completed"``, or ``"preempted"``
+    when a signal stopped the run after its last-moment checkpoint. Raises for everything else
+    (the caller records why)."""
+    part = build_rank(job, hooks=hooks, beacon=beacon, guard=guard)
+    try:
+        outcome = finish(part, part.trainer.fit(), guard=guard)
+        part.close(status=outcome)
+        return outcome
     finally:
-        if checkpointer is not None:
-            checkpointer.close()
-        if store is not None:
-            store.close(status="failed")
-        session.close()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        part.close()
+
+
+def finish(part: Rank, summary: dict[str, Any], *, guard: PreemptGuard | None = None) -> str:
+    """After ``fit``: rank 0 writes ``summary.json`` (or ``preempted.json``); returns the
+    outcome."""
+    trainer = part.trainer
+    if trainer.stop_reason == "preempted":
+        if trainer.layout.rank == 0:
+            _write_preempted(part.run_dir, trainer, guard)
+        return "preempted"
+    if trainer.layout.rank == 0:
+        summary.update(
+            layout=trainer.layout.describe(), autocast=trainer.autocast_note,
+            prediction_note=part.prediction.get("prediction_note"),
+            calibration=part.prediction.get("calibration"), data=_data_info(trainer.dataset),
+            faults_fired=len(part.faults.fired()),
+            checkpoint_errors=len(part.checkpointer.errors) if part.checkpointer else 0)
+        if part.store is not None:
+            summary.update(_whole_run(part.store))
+        _write_summary(part.run_dir, part.watch_dir, summary)
+    return "completed"
 
 
 class BeaconSteps(Callback):
@@ -286,7 +380,7 @@ def _prediction(model, plan, layout, cluster, config, run_dir: Path, session,
     collective its peers, busy recovering, do not run again."""
     from trainpilot.specs import load_cluster
 
-    if not config.predict:
+    if not config.predict or model is None:  # a user's own module: nothing to price
         return {}
     if session.is_replacement:
         saved = run_dir / "cluster.yaml"
@@ -334,53 +428,3 @@ def _data_info(dataset) -> dict[str, Any]:
         info.update(entropy_rate_nats=dataset.entropy_rate_nats,
                     uniform_loss_nats=dataset.uniform_loss_nats)
     return info
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainpilot.runtime.checkpoint.restore import TemplateMismatch
-    from trainpilot.runtime.degrade import QuietStream
-    from trainpilot.runtime.preempt import Preempted
-    from trainpilot.runtime.watchdog import die_with_launcher
-
-    parser = argparse.ArgumentParser(prog="trainpilot.runtime.worker")
-    parser.add_argument("--job-file", required=True, help="the run's job.json")
-    args = parser.parse_args(argv)
-    sys.stdout, sys.stderr = QuietStream(sys.stdout), QuietStream(sys.stderr)
-    die_with_launcher()
-    beacon = Beacon(int(os.environ.get("RANK", "0"))).start()
-    try:
-        job = read_job(args.job_file)
-        guard = PreemptGuard(job.preempt_signals, deadline_s=job.preempt_deadline_s,
-                             on_exit=beacon.record_exit).install()
-        if "USR1" not in job.preempt_signals:
-            # `kill -USR1 <pid>` prints every thread's stack to the worker's stderr: what a
-            # hang diagnosis needs first, without stopping the process.
-            faulthandler.register(signal.SIGUSR1, all_threads=True)
-        outcome = run_worker(job, beacon=beacon, guard=guard)
-    except (SpecError, TemplateMismatch) as err:
-        line = str(err) if isinstance(err, SpecError) else (
-            f"the checkpoint does not match this job's model or layout: {err}")
-        print(f"error: {line}", file=sys.stderr)
-        beacon.record_exit(2, "bad_input", line)
-        return 2
-    except Preempted as err:
-        beacon.record_exit(guard.exit_code, "terminated", str(err))
-        return guard.exit_code
-    except BaseException as err:
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        beacon.record_exit(1, _failure_reason(err), f"{type(err).__name__}: {first}")
-        raise
-    beacon.record_exit(0, outcome)
-    return 0
-
-
-def _failure_reason(err: BaseException) -> str:
-    from trainpilot.runtime.elastic.retry import is_recoverable
-
-    return "peer_failed" if is_recoverable(err) else "failed"
-
-
-if __name__ == "__main__":
-    from trainpilot.runtime.procexit import run_and_end
-
-    run_and_end(main)

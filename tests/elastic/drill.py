@@ -1,14 +1,18 @@
 """Recovery drills: a short training run on local ranks, with faults, recovered automatically,
-leaving behind what an oracle needs to compare it with an uninterrupted run.
+leaving behind what an oracle needs to compare it with an uninterrupted run. A test fixture
+(the oracle's), built on the same composition root as ``trainpilot train``
+(:func:`trainpilot.app.rank.build_rank`): what a drill changes goes through ``RankHooks``.
 
     spec = DrillSpec(run_dir="runs/d1", plan="dp=2,zero=0,...", steps=20,
                      inject="crash:rank=1,step=7", checkpoint_every=2)
     report = run_drill(spec, world_size=2)       # LocalSupervisor: a dead rank is replaced
     outcome = read_outcome(spec.run_dir)          # final state, losses, samples per step
 
-Each rank runs the real pieces: an :class:`ElasticSession` over the supervisor's store, a
-:class:`Checkpointer` (memory + peer + storage), a :class:`FaultInjector` with a journal, the
-:class:`Trainer` with its comm hook, and the run store on rank 0. At the end every rank writes
+Each rank runs the real pieces, wired as ``trainpilot train`` wires them: an
+:class:`ElasticSession` over the supervisor's store, a :class:`Checkpointer` (memory + peer +
+storage, from the plan's checkpoint policy), a :class:`FaultInjector` with a journal, the
+:class:`Trainer` with its comm hook, the run store on rank 0 (and the health monitor with
+``health=True``). At the end every rank writes
 ``final_r<rank>.pt``: the full model and optimizer state (sharded tensors gathered), the loss of
 every committed step and the global sample indices each step trained on. A step run twice (a
 replay after a rollback) keeps its last run: that is the step that was committed.
@@ -27,6 +31,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from trainpilot.runtime.checkpoint import Checkpointer
+from trainpilot.runtime.trainer import Trainer
 
 
 class DropoutLM(nn.Module):
@@ -98,12 +105,12 @@ class _Log:
 class _RecordingDataset:
     """Wraps a dataset: logs the global sample indices each step reads on this rank."""
 
-    def __init__(self, base: Any, trainer_ref: list, log: _Log):
-        self.base, self.ref, self.log = base, trainer_ref, log
+    def __init__(self, base: Any, part: Any, log: _Log):
+        self.base, self.part, self.log = base, part, log
         self.seq_len, self.num_samples = base.seq_len, base.num_samples
 
     def get_batch(self, indices):
-        trainer = self.ref[0]
+        trainer = self.part.trainer
         self.log.write(kind="samples", step=trainer.step + 1, dp_rank=trainer.layout.dp_rank,
                        indices=[int(i) for i in indices])
         return self.base.get_batch(indices)
@@ -112,90 +119,75 @@ class _RecordingDataset:
         return getattr(self.base, name)
 
 
+def job_of(spec: DrillSpec) -> Any:
+    """The drill as the job document ``trainpilot train`` would write for it."""
+    from trainpilot.runtime.config import TrainConfig
+    from trainpilot.runtime.workerjob import WorkerJob
+    from trainpilot.specs import load_model, load_plan
+
+    plan = load_plan(spec.plan)
+    plan = plan.replace(checkpoint=dict(
+        plan.checkpoint.to_dict(), interval_steps=spec.checkpoint_every,
+        async_save=spec.async_save, in_memory_peer=spec.in_memory_peer,
+        incremental=spec.incremental, keep_last=spec.keep_last))
+    config = TrainConfig(steps=spec.steps, seed=spec.seed, lr=spec.lr, warmup_steps=2,
+                         predict=False, checkpoint_every=spec.checkpoint_every,
+                         storage_every=spec.storage_every, data_num_samples=4096)
+    model = None if spec.model == "dropout-lm" else load_model(spec.model)
+    return WorkerJob(model=model, plan=plan, config=config, run_dir=spec.run_dir,
+                     inject=spec.inject, elastic=dict(spec.elastic), health=spec.health)
+
+
 def rank_main(rank: int, spec_path: str) -> None:
     """What one rank runs (under the LocalSupervisor or torchrun)."""
     import torch.distributed as dist
 
-    from trainpilot.runtime.callbacks import Callback, RunRecorder
-    from trainpilot.runtime.checkpoint import CheckpointConfig
-    from trainpilot.runtime.config import TrainConfig
+    from trainpilot.app.rank import RankHooks, build_rank, finish
+    from trainpilot.runtime.callbacks import Callback
     from trainpilot.runtime.data import MarkovCorpus
-    from trainpilot.runtime.elastic import ElasticConfig
-    from trainpilot.runtime.elastic.resize import plan_for_world
-    from trainpilot.runtime.elastic.session import ElasticSession
-    from trainpilot.runtime.faults import FaultInjector
-    from trainpilot.runtime.layout import build_layout
-    from trainpilot.specs import load_model, load_plan
 
-    torch.set_num_threads(1)
     spec = DrillSpec(**json.loads(Path(spec_path).read_text()))
     spec.drop_on_restore = tuple(spec.drop_on_restore)
+    job = job_of(spec)
     run_dir = Path(spec.run_dir)
-    session = ElasticSession(ElasticConfig(**spec.elastic))
-    session.start()
-    custom = spec.model == "dropout-lm"
-    model = None if custom else load_model(spec.model)
-    plan = plan_for_world(load_plan(spec.plan), dist.get_world_size())
-    layout = build_layout(plan, model=model, custom_model=custom)
-    faults = FaultInjector(spec.inject, journal_path=run_dir / "faults.jsonl")
-    ckpt = _Checkpointer(CheckpointConfig(
-        root_dir=run_dir / "checkpoints", in_memory_peer=spec.in_memory_peer,
-        async_save=spec.async_save,
-        incremental=spec.incremental, keep_last=spec.keep_last, on_write_error="warn",
-        group_timeout_s=30.0, drain_timeout_s=10.0), faults=faults)
-    ckpt.keep_rng = "rng" not in spec.drop_on_restore
-    store = None
-    if rank == 0 and spec.store:
-        from trainpilot.store import RunStore
+    vocab = spec.vocab_size if job.model is None else job.model.vocab_size
+    logs: dict[str, _Log] = {}
 
-        store = RunStore.create(run_dir, name=run_dir.name, world_size=layout.world_size,
-                                flush_every_steps=10, flush_interval_s=0.5)
-    vocab = spec.vocab_size if custom else model.vocab_size
-    config = TrainConfig(steps=spec.steps, seed=spec.seed, lr=spec.lr, warmup_steps=2,
-                         predict=False, checkpoint_every=spec.checkpoint_every,
-                         storage_every=spec.storage_every, data_num_samples=4096)
-    ref: list = []
-    log = _Log(run_dir / f"log_r{rank}_a{session.env.restart_count}_i"
-                         f"{session.gens.incarnation}.jsonl", session)
-    data = _RecordingDataset(MarkovCorpus(vocab_size=vocab, seq_len=plan.seq_len, seed=spec.seed,
-                                          num_samples=4096), ref, log)
+    def log_of(part: Any) -> _Log:
+        if "log" not in logs:
+            logs["log"] = _Log(run_dir / f"log_r{rank}_a{part.session.env.restart_count}_i"
+                                         f"{part.session.gens.incarnation}.jsonl", part.session)
+        return logs["log"]
 
     class Losses(Callback):
+        def __init__(self, log: _Log):
+            self.log = log
+
         def on_step_end(self, trainer, record):
-            log.write(kind="loss", step=record.step, loss=record.loss)
+            self.log.write(kind="loss", step=record.step, loss=record.loss)
 
-    monitor = None
-    if spec.health:
-        from trainpilot.health.monitor import HealthMonitor
-
-        monitor = HealthMonitor(store=store, total_steps=spec.steps)
-        monitor.log_events = False
-    cls = _SamplerKeepingTrainer if "sampler" in spec.drop_on_restore else _trainer_class()
-    trainer = cls(plan=plan, config=config, layout=layout, dataset=data,
-                  model=model, model_factory=(lambda: DropoutLM(vocab)) if custom else None,
-                  checkpointer=ckpt, faults=faults, elastic=session, monitor=monitor,
-                  callbacks=[Losses(), RunRecorder(store, rank=rank, journal=faults,
-                                                   monitor_logs_metrics=monitor is not None)])
-    ref.append(trainer)
-    trainer.fit(spec.stop_at)
-    final = _full_state(trainer)
-    torch.save(dict(state=final, rank=rank, incarnation=session.gens.incarnation,
-                    recoveries=session.history, world_size=trainer.layout.world_size,
-                    heartbeat_verdicts=[asdict(v) for v in (session.heartbeat.verdicts
-                                                            if session.heartbeat else [])]),
-               run_dir / f"final_r{rank}.pt")
-    dist.barrier()
-    ckpt.close()
-    if store is not None:
-        store.close(status="completed")
-    session.close()
-    dist.destroy_process_group()
-
-
-def _trainer_class():
-    from trainpilot.runtime.trainer import Trainer
-
-    return Trainer
+    hooks = RankHooks(
+        model_factory=(lambda: DropoutLM(vocab)) if job.model is None else None,
+        dataset=MarkovCorpus(vocab_size=vocab, seq_len=job.plan.seq_len, seed=spec.seed,
+                             num_samples=4096),
+        wrap_dataset=lambda data, part: _RecordingDataset(data, part, log_of(part)),
+        callbacks=lambda part: [Losses(log_of(part))],
+        trainer_cls=_SamplerKeepingTrainer if "sampler" in spec.drop_on_restore else None,
+        checkpointer_cls=_RngDroppingCheckpointer if "rng" in spec.drop_on_restore else None)
+    part = build_rank(job, hooks=hooks)
+    try:
+        trainer, session = part.trainer, part.session
+        finish(part, trainer.fit(spec.stop_at))
+        final = _full_state(trainer)
+        torch.save(dict(state=final, rank=rank, incarnation=session.gens.incarnation,
+                        recoveries=session.history, world_size=trainer.layout.world_size,
+                        heartbeat_verdicts=[asdict(v) for v in (session.heartbeat.verdicts
+                                                                if session.heartbeat else [])]),
+                   run_dir / f"final_r{rank}.pt")
+        dist.barrier()
+        part.close(status="completed")
+    finally:
+        part.close()
 
 
 def _full_state(trainer) -> dict[str, torch.Tensor]:
@@ -213,24 +205,15 @@ def _full_state(trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _checkpointer_base():
-    from trainpilot.runtime.checkpoint import Checkpointer
-
-    return Checkpointer
-
-
-class _Checkpointer(_checkpointer_base()):
-    """The real Checkpointer; ``keep_rng=False`` is the RNG negative control."""
-
-    keep_rng = True
+class _RngDroppingCheckpointer(Checkpointer):
+    """The RNG negative control: the real Checkpointer, restoring without the RNG state."""
 
     def restore_latest(self, template=None, **kwargs):
-        if not self.keep_rng:
-            kwargs["restore_rng"] = False
+        kwargs["restore_rng"] = False
         return super().restore_latest(template, **kwargs)
 
 
-class _SamplerKeepingTrainer(_trainer_class()):
+class _SamplerKeepingTrainer(Trainer):
     """The sampler negative control: a restore leaves the live sampler position as it is."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
