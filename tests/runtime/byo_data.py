@@ -54,3 +54,20 @@ def tiny_configs() -> dict[str, dict[str, Any]]:
         mixtral=MixtralConfig(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
                               **common).to_dict(),
     )
+
+
+def more_configs() -> dict[str, dict[str, Any]]:
+    """The other supported families, same sizes: qwen2 (q/k/v biases), mistral, qwen2_moe
+    (shared expert with its gate), qwen3_moe."""
+    from transformers import MistralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=2 * SEQ_LEN)
+    moe = dict(intermediate_size=128, moe_intermediate_size=32, num_experts=4,
+               num_experts_per_tok=2)
+    return dict(
+        qwen2=Qwen2Config(intermediate_size=128, **common).to_dict(),
+        mistral=MistralConfig(intermediate_size=128, **common).to_dict(),
+        qwen2_moe=Qwen2MoeConfig(shared_expert_intermediate_size=64, **moe, **common).to_dict(),
+        qwen3_moe=Qwen3MoeConfig(head_dim=16, **moe, **common).to_dict(),
+    )

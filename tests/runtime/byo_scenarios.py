@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tests.runtime.byo_data import SEQ_LEN, VOCAB, tiny_configs
+from tests.runtime.byo_data import SEQ_LEN, VOCAB, more_configs, tiny_configs
 from trainpilot.runtime.config import TrainConfig
 from trainpilot.runtime.datasets import open_dataset
 from trainpilot.runtime.hf_parallel import HFModel
@@ -30,8 +30,8 @@ def train_hf(model: str, plan: str, data: str, tokenizer: str, *, single: bool =
     plan_doc = load_plan(plan)
     dataset = open_dataset(data, seq_len=SEQ_LEN, vocab_size=VOCAB, tokenizer=tokenizer)
     trainer = Trainer(plan=plan_doc, config=TrainConfig(**{**CONFIG, "steps": steps}),
-                      model_factory=HFModel(tiny_configs()[model]), dataset=dataset,
-                      layout=Layout(plan=plan_doc) if single else None)
+                      model_factory=HFModel({**tiny_configs(), **more_configs()}[model]),
+                      dataset=dataset, layout=Layout(plan=plan_doc) if single else None)
     module = trainer.model.chunks[0]
     module.eval()
     with torch.no_grad():
@@ -61,6 +61,13 @@ def hf_dense(data: str, tokenizer: str) -> dict[str, Any]:
         out["llama_ddp_same_data"] = train_hf("llama", f"dp=2,zero=0,{BASE}", data, tokenizer,
                                               steps=4)
     return out
+
+
+def hf_runs(data: str, tokenizer: str, runs: list[list[str]], steps: int = STEPS
+            ) -> dict[str, Any]:
+    """(name, model, plan) runs in one spawn."""
+    return {name: train_hf(model, f"{plan},{BASE}", data, tokenizer, steps=steps)
+            for name, model, plan in runs}
 
 
 def hf_moe(data: str, tokenizer: str) -> dict[str, Any]:
