@@ -34,27 +34,31 @@ def train_hf(model: str, plan: str, data: str, tokenizer: str, *, single: bool =
                       dataset=dataset, layout=Layout(plan=plan_doc) if single else None)
     module = trainer.model.chunks[0]
     module.eval()
+    shapes: list[tuple[int, ...]] = []  # what the first decoder layer sees (SP: S / tp)
+    hook = trainer.model.modules[0].model.layers[0].register_forward_pre_hook(
+        lambda mod, args: shapes.append(tuple(args[0].shape)))
     with torch.no_grad():
         logits = module(PROBE).float()
+    hook.remove()
     if trainer.model.data_parallel == "fsdp":  # FSDP2 leaves the root unsharded after eval
         module.reshard()
     module.train()
     losses = [trainer.train_step().loss for _ in range(steps)]
     return dict(losses=losses, logits=logits, params=full_parameters(trainer.model),
-                sampler=trainer.sampler.state_dict())
+                sampler=trainer.sampler.state_dict(), layer_input_shape=shapes[0])
 
 
 def hf_dense(data: str, tokenizer: str) -> dict[str, Any]:
-    """Tiny Llama and Qwen3 under DDP, FSDP2 (zero 3) and TP on 2 ranks; and DDP with both
-    ranks reading the same shard (negative control)."""
+    """Tiny Llama under DDP, FSDP2 (zero 3), TP and TP + SP, Qwen3 under DDP and FSDP2, on 2
+    ranks; and DDP with both ranks reading the same shard (negative control)."""
     from unittest import mock
 
     from trainpilot.runtime.sampler import ResumableSampler
 
-    out = {}
-    for model in ("llama", "qwen3"):
-        for name, plan in (("ddp", "dp=2,zero=0"), ("fsdp", "dp=2,zero=3"), ("tp", "tp=2")):
-            out[f"{model}_{name}"] = train_hf(model, f"{plan},{BASE}", data, tokenizer)
+    out = hf_runs(data, tokenizer, [
+        ["llama_ddp", "llama", "dp=2,zero=0"], ["llama_fsdp", "llama", "dp=2,zero=3"],
+        ["llama_tp", "llama", "tp=2"], ["llama_sp", "llama", "tp=2,sequence_parallel=true"],
+        ["qwen3_ddp", "qwen3", "dp=2,zero=0"], ["qwen3_fsdp", "qwen3", "dp=2,zero=3"]])
     shard = ResumableSampler.shard
     with mock.patch.object(ResumableSampler, "shard",
                            staticmethod(lambda idx, rank, size: shard(idx, 0, size))):
@@ -71,12 +75,12 @@ def hf_runs(data: str, tokenizer: str, runs: list[list[str]], steps: int = STEPS
 
 
 def hf_moe(data: str, tokenizer: str) -> dict[str, Any]:
-    """Tiny Mixtral under DDP, FSDP2, TP (experts replicated) and EP=2 on 2 ranks."""
-    out = {}
-    for name, plan in (("ddp", "dp=2,zero=0"), ("fsdp", "dp=2,zero=3"), ("tp", "tp=2"),
-                       ("ep", "dp=2,ep=2,zero=0")):
-        out[f"mixtral_{name}"] = train_hf("mixtral", f"{plan},{BASE}", data, tokenizer)
-    return out
+    """Qwen3 under TP (tied embeddings, q/k norms), tiny Mixtral under DDP, FSDP2, TP
+    (experts replicated) and EP=2, on 2 ranks."""
+    return hf_runs(data, tokenizer, [
+        ["qwen3_tp", "qwen3", "tp=2"], ["mixtral_ddp", "mixtral", "dp=2,zero=0"],
+        ["mixtral_fsdp", "mixtral", "dp=2,zero=3"], ["mixtral_tp", "mixtral", "tp=2"],
+        ["mixtral_ep", "mixtral", "dp=2,ep=2,zero=0"]])
 
 
 class Recording:

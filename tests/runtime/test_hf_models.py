@@ -1,5 +1,6 @@
 """Bring your own model: tiny Hugging Face Llama, Qwen3 and Mixtral (from ``transformers``
-config classes) train through the Trainer under DDP, FSDP2, TP and (Mixtral) EP on 2 gloo ranks,
+config classes) train through the Trainer under DDP, FSDP2, TP (Llama also TP + SP) and
+(Mixtral) EP on 2 gloo ranks,
 on real text (Python standard-library sources, BPE-tokenized), and match the one-process run.
 
 Oracles: (1) logits of the built model, before training, equal the plain ``transformers``
@@ -137,30 +138,39 @@ def test_refusals_are_one_line():
     llama = load_hf_config(tiny_configs()["llama"])
     base = "micro_batch_size=1,global_batch_size=8,seq_len=64"
     for plan, field in (("pp=2", "plan.pp"), ("cp=2", "plan.cp"),
-                        ("tp=2,sequence_parallel=true", "plan.sequence_parallel"),
                         ("dp=2,ep=2", "plan.ep"), ("tp=8", "plan.tp"),
                         ("recompute=selective", "plan.recompute")):
         with pytest.raises(SpecError, match=field) as err:
             check_hf_plan(llama, load_plan(f"{plan},{base}"))
         assert "\n" not in str(err.value)
+    mixtral = load_hf_config(tiny_configs()["mixtral"])
+    with pytest.raises(SpecError, match="plan.sequence_parallel"):
+        check_hf_plan(mixtral, load_plan(f"tp=2,sequence_parallel=true,{base}"))
     with pytest.raises(SpecError, match="model_type"):
         load_hf_config({"model_type": "gpt2", "n_layer": 2})
 
 
+def check_spawn(res: list, names: list[str], references: dict) -> dict:
+    report = {}
+    for name in names:
+        model = name.split("_")[0]
+        assert res[0][name]["losses"] == res[1][name]["losses"], name  # ranks agree
+        report[name] = check_run(res[0][name], references[model], plain_logits(model, seed=7))
+    print(report)
+    return report
+
+
 @pytest.mark.dist
 @pytest.mark.timeout(240)
-def test_llama_and_qwen3_ddp_fsdp2_tp_match_one_process(tmp_path, corpus, references):
+def test_llama_ddp_fsdp2_tp_sp_and_qwen3_ddp_fsdp2_match_one_process(tmp_path, corpus,
+                                                                      references):
     res = spawn("tests.runtime.byo_scenarios:hf_dense", 2, tmp_path, timeout_s=220,
                 args=dict(data=corpus["jsonl"], tokenizer=corpus["tokenizer"]))
-    report = {}
-    for model in ("llama", "qwen3"):
-        plain = plain_logits(model, seed=7)
-        for layout in ("ddp", "fsdp", "tp"):
-            name = f"{model}_{layout}"
-            runs = [r[name] for r in res]
-            assert runs[0]["losses"] == runs[1]["losses"]
-            report[name] = check_run(runs[0], references[model], plain)
-    print(report)
+    check_spawn(res, ["llama_ddp", "llama_fsdp", "llama_tp", "llama_sp", "qwen3_ddp",
+                      "qwen3_fsdp"], references)
+    # Sequence parallel: the decoder layers see half the sequence (batch 4 of 64 tokens).
+    assert res[0]["llama_sp"]["layer_input_shape"] == (2, 32, 64)
+    assert res[0]["llama_tp"]["layer_input_shape"] == (2, 64, 64)
     # Negative control: both ranks reading the same shard is caught by the loss oracle.
     same = res[0]["llama_ddp_same_data"]["losses"]
     assert max(abs(x - y) for x, y in zip(same, references["llama"]["losses"])) > 10 * LOSS_TOL
@@ -168,14 +178,9 @@ def test_llama_and_qwen3_ddp_fsdp2_tp_match_one_process(tmp_path, corpus, refere
 
 @pytest.mark.dist
 @pytest.mark.timeout(240)
-def test_mixtral_ddp_fsdp2_tp_ep_match_one_process(tmp_path, corpus, references):
+def test_qwen3_tp_and_mixtral_ddp_fsdp2_tp_ep_match_one_process(tmp_path, corpus, references):
     res = spawn("tests.runtime.byo_scenarios:hf_moe", 2, tmp_path, timeout_s=220,
                 args=dict(data=corpus["jsonl"], tokenizer=corpus["tokenizer"]))
-    plain = plain_logits("mixtral", seed=7)
-    report = {}
-    for layout in ("ddp", "fsdp", "tp", "ep"):
-        name = f"mixtral_{layout}"
-        assert res[0][name]["losses"] == res[1][name]["losses"]
-        report[name] = check_run(res[0][name], references["mixtral"], plain)
-    print(report)
+    check_spawn(res, ["qwen3_tp", "mixtral_ddp", "mixtral_fsdp", "mixtral_tp", "mixtral_ep"],
+                references)
     assert STEPS == len(res[0]["mixtral_ep"]["losses"])

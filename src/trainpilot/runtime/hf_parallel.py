@@ -12,13 +12,16 @@ parallel (DDP, or FSDP2 ``fully_shard`` per decoder layer and at the root; HSDP 
   the head dimension sharded (their weight gradients are reduced over tp by DTensor). HF's
   attention infers its head count from the projection width (``view(*shape, -1, head_dim)``), so
   a column-parallel projection just yields fewer heads a rank. MoE blocks stay replicated over
-  tp (no expert tensor parallelism): their input is replicated after ``o_proj``.
+  tp (no expert tensor parallelism): their input is replicated after ``o_proj``. With
+  ``sequence_parallel`` (dense models) the residual stream and the norms are sharded over the
+  sequence; :class:`~.models.hf.CausalLM` passes the positions from the tokens, so HF's
+  rotary tables see the whole sequence.
 * **EP** (``ep>1``, MoE models): each rank keeps ``num_experts / ep`` experts of every MoE
   block (HF's fused ``gate_up_proj`` / ``down_proj``); HF's router runs unchanged and the routed
   tokens travel with ``all_to_all_single`` (dropless). Expert weights stay out of DDP/FSDP and
   follow :func:`~trainpilot.runtime.parallelize.sync_expert_grads`.
-* Refused with one line each: ``pp>1``, ``cp>1``, ``sequence_parallel``, ``recompute=selective``
-  (:func:`check_hf_plan`).
+* Refused with one line each: ``pp>1``, ``cp>1``, ``sequence_parallel`` on MoE models,
+  ``recompute=selective`` (:func:`check_hf_plan`).
 """
 
 from __future__ import annotations
@@ -46,10 +49,10 @@ def check_hf_plan(config: Any, plan: Plan) -> None:
     if plan.cp > 1:
         raise SpecError("plan.cp", plan.cp, "context parallelism is not supported for Hugging "
                         "Face models (HF attention sees whole sequences); valid: cp=1")
-    if plan.sequence_parallel:
-        raise SpecError("plan.sequence_parallel", True, "not supported for Hugging Face models "
-                        "(their forward derives positions and masks from the sequence length "
-                        "it sees); valid: false")
+    if plan.sequence_parallel and is_moe(config):
+        raise SpecError("plan.sequence_parallel", True, "not supported for Hugging Face MoE "
+                        "models (their experts, replicated over tp, would see only this rank's "
+                        "tokens); valid: false, or a dense model")
     if plan.recompute == "selective":
         raise SpecError("plan.recompute", plan.recompute, "Hugging Face models recompute whole "
                         "decoder layers; valid: none, full")
@@ -68,28 +71,47 @@ def check_hf_plan(config: Any, plan: Plan) -> None:
             raise SpecError("plan.ep", plan.ep, f"must divide the {num_experts(config)} experts")
 
 
-def apply_hf_tensor_parallel(model: CausalLM, tp_mesh) -> None:
-    """Megatron-style TP keyed on HF module names (see the module doc)."""
-    from torch.distributed.tensor import Replicate
+def apply_hf_tensor_parallel(model: CausalLM, tp_mesh, *, sequence_parallel: bool = False
+                             ) -> None:
+    """Megatron-style TP keyed on HF module names (see the module doc). With
+    ``sequence_parallel`` the residual stream, the norms and the embedding output are sharded
+    over the sequence (``Shard(1)``); attention and the MLP gather it back."""
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module)
+        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+        parallelize_module)
 
-    parallelize_module(model, tp_mesh, {
-        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
-        "lm_head": ColwiseParallel(output_layouts=Replicate()),
-    })
+    seq = Shard(1) if sequence_parallel else Replicate()
+    top: dict[str, Any] = {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+    }
+    if sequence_parallel:
+        top["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
     for layer in model.model.layers:
         plan: dict[str, Any] = {f"self_attn.{p}": ColwiseParallel()
                                 for p in ("q_proj", "k_proj", "v_proj")}
-        plan["self_attn.o_proj"] = RowwiseParallel()
+        plan["self_attn.o_proj"] = RowwiseParallel(output_layouts=seq)
         for norm in ("q_norm", "k_norm"):  # Qwen3: RMSNorm over head_dim of [b, s, heads, d]
             if getattr(layer.self_attn, norm, None) is not None:
                 plan[f"self_attn.{norm}"] = SequenceParallel(sequence_dim=2,
                                                              use_local_output=True)
-        mlp = layer.mlp
-        if hasattr(mlp, "gate_proj"):  # dense SwiGLU MLP
+        if hasattr(layer.mlp, "gate_proj"):  # dense SwiGLU MLP
             plan.update({"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                         "mlp.down_proj": RowwiseParallel()})
+                         "mlp.down_proj": RowwiseParallel(output_layouts=seq)})
+        if sequence_parallel:
+            plan.update({
+                "input_layernorm": SequenceParallel(),
+                "post_attention_layernorm": SequenceParallel(),
+                "self_attn": PrepareModuleInput(
+                    input_kwarg_layouts={"hidden_states": Shard(1)},
+                    desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                    use_local_output=True),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),),
+                                          desired_input_layouts=(Replicate(),),
+                                          use_local_output=True),
+            })
         parallelize_module(layer, tp_mesh, plan)
 
 
@@ -200,7 +222,8 @@ def parallelize_hf(config: Any, layout: Layout, *, seed: int,
     model = build_meta(config)
     model.aux_scale = 1.0 / plan.num_micro_batches
     if plan.tp > 1:
-        apply_hf_tensor_parallel(model, layout.submesh("tp"))
+        apply_hf_tensor_parallel(model, layout.submesh("tp"),
+                                 sequence_parallel=plan.sequence_parallel)
     expert_names = apply_hf_expert_parallel(model, layout)
     model.to_empty(device=layout.device)
     tie_embeddings(model)

@@ -96,10 +96,15 @@ class CausalLM(nn.Module):
         self.last_aux_loss: torch.Tensor | None = None  # the newest balance loss, detached
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        # Positions from the tokens, not from the embedding's output, which sequence
+        # parallelism shards over the sequence.
+        positions = torch.arange(tokens.shape[1], device=tokens.device)[None]
         if not self.moe:
-            hidden = self.model(input_ids=tokens, use_cache=False).last_hidden_state
+            hidden = self.model(input_ids=tokens, position_ids=positions,
+                                use_cache=False).last_hidden_state
             return self.lm_head(hidden)
-        out = self.model(input_ids=tokens, use_cache=False, output_router_logits=True)
+        out = self.model(input_ids=tokens, position_ids=positions, use_cache=False,
+                         output_router_logits=True)
         logits = self.lm_head(out.last_hidden_state)
         coeff = float(getattr(self.config, "router_aux_loss_coef", 0.0) or 0.0)
         if out.router_logits and self.training and torch.is_grad_enabled():
