@@ -58,7 +58,7 @@ def tiny_configs() -> dict[str, dict[str, Any]]:
 
 def more_configs() -> dict[str, dict[str, Any]]:
     """The other supported families, same sizes: qwen2 (q/k/v biases), mistral, qwen2_moe
-    (shared expert with its gate), qwen3_moe."""
+    (shared expert with its gate), qwen3_moe; and a 4-layer llama (interleaved pipelines)."""
     from transformers import MistralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -66,6 +66,7 @@ def more_configs() -> dict[str, dict[str, Any]]:
     moe = dict(intermediate_size=128, moe_intermediate_size=32, num_experts=4,
                num_experts_per_tok=2)
     return dict(
+        llama4=dict(tiny_configs()["llama"], num_hidden_layers=4),  # room for interleaving
         qwen2=Qwen2Config(intermediate_size=128, **common).to_dict(),
         mistral=MistralConfig(intermediate_size=128, **common).to_dict(),
         qwen2_moe=Qwen2MoeConfig(shared_expert_intermediate_size=64, **moe, **common).to_dict(),

@@ -32,20 +32,22 @@ def train_hf(model: str, plan: str, data: str, tokenizer: str, *, single: bool =
     trainer = Trainer(plan=plan_doc, config=TrainConfig(**{**CONFIG, "steps": steps}),
                       model_factory=HFModel({**tiny_configs(), **more_configs()}[model]),
                       dataset=dataset, layout=Layout(plan=plan_doc) if single else None)
-    module = trainer.model.chunks[0]
-    module.eval()
-    shapes: list[tuple[int, ...]] = []  # what the first decoder layer sees (SP: S / tp)
-    hook = trainer.model.modules[0].model.layers[0].register_forward_pre_hook(
-        lambda mod, args: shapes.append(tuple(args[0].shape)))
-    with torch.no_grad():
-        logits = module(PROBE).float()
-    hook.remove()
-    if trainer.model.data_parallel == "fsdp":  # FSDP2 leaves the root unsharded after eval
-        module.reshard()
-    module.train()
+    logits, shapes = None, [None]
+    if trainer.model.schedule is None:  # (a pipeline stage cannot take the probe alone)
+        module = trainer.model.chunks[0]
+        module.eval()
+        # What the first decoder layer sees (SP: S / tp).
+        hook = trainer.model.modules[0].model.layers[0].register_forward_pre_hook(
+            lambda mod, args: shapes.append(tuple(args[0].shape)))
+        with torch.no_grad():
+            logits = module(PROBE).float()
+        hook.remove()
+        if trainer.model.data_parallel == "fsdp":  # FSDP2 leaves the root unsharded after eval
+            module.reshard()
+        module.train()
     losses = [trainer.train_step().loss for _ in range(steps)]
     return dict(losses=losses, logits=logits, params=full_parameters(trainer.model),
-                sampler=trainer.sampler.state_dict(), layer_input_shape=shapes[0])
+                sampler=trainer.sampler.state_dict(), layer_input_shape=shapes[-1])
 
 
 def hf_dense(data: str, tokenizer: str) -> dict[str, Any]:
@@ -72,6 +74,12 @@ def hf_runs(data: str, tokenizer: str, runs: list[list[str]], steps: int = STEPS
     """(name, model, plan) runs in one spawn."""
     return {name: train_hf(model, f"{plan},{BASE}", data, tokenizer, steps=steps)
             for name, model, plan in runs}
+
+
+def hf_pipelines(data: str, tokenizer: str) -> dict[str, Any]:
+    """Llama with pp=2 (1F1B), and a 4-layer Llama with an interleaved pp=2, vp=2."""
+    return hf_runs(data, tokenizer, [["llama_pp", "llama", "pp=2"],
+                                     ["llama4_vp", "llama4", "pp=2,vp=2"]])
 
 
 def hf_moe(data: str, tokenizer: str) -> dict[str, Any]:

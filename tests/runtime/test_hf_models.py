@@ -1,6 +1,6 @@
 """Bring your own model: tiny Hugging Face Llama, Qwen3 and Mixtral (from ``transformers``
-config classes) train through the Trainer under DDP, FSDP2, TP (Llama also TP + SP) and
-(Mixtral) EP on 2 gloo ranks,
+config classes) train through the Trainer under DDP, FSDP2, TP (Llama also TP + SP and PP)
+and (Mixtral) EP on 2 gloo ranks,
 on real text (Python standard-library sources, BPE-tokenized), and match the one-process run.
 
 Oracles: (1) logits of the built model, before training, equal the plain ``transformers``
@@ -137,15 +137,19 @@ def test_refusals_are_one_line():
 
     llama = load_hf_config(tiny_configs()["llama"])
     base = "micro_batch_size=1,global_batch_size=8,seq_len=64"
-    for plan, field in (("pp=2", "plan.pp"), ("cp=2", "plan.cp"),
-                        ("dp=2,ep=2", "plan.ep"), ("tp=8", "plan.tp"),
-                        ("recompute=selective", "plan.recompute")):
+    for plan, field in (("cp=2", "plan.cp"), ("dp=2,ep=2", "plan.ep"), ("tp=8", "plan.tp"),
+                        ("recompute=selective", "plan.recompute"),
+                        ("pp=2,tp=2,sequence_parallel=true", "plan.pp")):
         with pytest.raises(SpecError, match=field) as err:
             check_hf_plan(llama, load_plan(f"{plan},{base}"))
         assert "\n" not in str(err.value)
+    check_hf_plan(llama, load_plan(f"pp=2,{base}"))  # a dense untied model pipelines
     mixtral = load_hf_config(tiny_configs()["mixtral"])
-    with pytest.raises(SpecError, match="plan.sequence_parallel"):
-        check_hf_plan(mixtral, load_plan(f"tp=2,sequence_parallel=true,{base}"))
+    qwen3 = load_hf_config(tiny_configs()["qwen3"])
+    for config, plan, match in ((mixtral, "tp=2,sequence_parallel=true", "sequence_parallel"),
+                                (mixtral, "pp=2", "MoE"), (qwen3, "pp=2", "tied")):
+        with pytest.raises(SpecError, match=match):
+            check_hf_plan(config, load_plan(f"{plan},{base}"))
     with pytest.raises(SpecError, match="model_type"):
         load_hf_config({"model_type": "gpt2", "n_layer": 2})
 
@@ -226,3 +230,24 @@ def test_checkpoint_restore_continues_bit_exactly(tmp_path, corpus, model):
     bad.load_state_dict(state)
     assert [bad.train_step().loss for _ in range(3)] != expected[3:]
     ckpt.close()
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(200)
+def test_llama_pipelines_match_one_process(tmp_path, corpus, references):
+    """pp=2 (1F1B) and an interleaved pp=2, vp=2 of a 4-layer Llama: bit-exact."""
+    res = spawn("tests.runtime.byo_scenarios:hf_pipelines", 2, tmp_path, timeout_s=180,
+                args=dict(data=corpus["jsonl"], tokenizer=corpus["tokenizer"]))
+    plan = "dp=1,micro_batch_size=4,global_batch_size=8,seq_len=64"
+    refs = dict(llama=references["llama"],
+                llama4=train_hf("llama4", plan, corpus["jsonl"], corpus["tokenizer"],
+                                single=True))
+    report = {}
+    for name in ("llama_pp", "llama4_vp"):
+        ref = refs[name.split("_")[0]]
+        assert res[0][name]["losses"] == res[1][name]["losses"] == ref["losses"], name
+        params = {**res[0][name]["params"], **res[1][name]["params"]}  # each rank its stages
+        assert len(res[0][name]["params"]) < len(params)
+        report[name] = max_diff(params, ref["params"])
+        assert report[name] == 0.0, (name, report[name])
+    print(report)

@@ -20,8 +20,11 @@ parallel (DDP, or FSDP2 ``fully_shard`` per decoder layer and at the root; HSDP 
   block (HF's fused ``gate_up_proj`` / ``down_proj``); HF's router runs unchanged and the routed
   tokens travel with ``all_to_all_single`` (dropless). Expert weights stay out of DDP/FSDP and
   follow :func:`~trainpilot.runtime.parallelize.sync_expert_grads`.
-* Refused with one line each: ``pp>1``, ``cp>1``, ``sequence_parallel`` on MoE models,
-  ``recompute=selective`` (:func:`check_hf_plan`).
+* **PP** (``pp>1``, dense models without tied embeddings): the meta model is cut into
+  :class:`~trainpilot.runtime.hf_pipeline.HFStage` s (``stage_plan``'s split, interleaving
+  included) and run by the reference model's ``torch.distributed.pipelining`` schedules.
+* Refused with one line each: ``cp>1``, ``sequence_parallel`` on MoE models, ``pp>1`` on MoE or
+  tied models, ``recompute=selective`` (:func:`check_hf_plan`).
 """
 
 from __future__ import annotations
@@ -42,10 +45,9 @@ from trainpilot.specs import Plan, SpecError
 
 def check_hf_plan(config: Any, plan: Plan) -> None:
     """Raise SpecError for what this runtime cannot do with this HF model under ``plan``."""
-    if plan.pp > 1:
-        raise SpecError("plan.pp", plan.pp, "pipeline parallelism is not supported for Hugging "
-                        "Face models (their top-level forward builds the causal mask and rotary "
-                        "tables, so it cannot be cut into stages unchanged); valid: pp=1")
+    from trainpilot.runtime.hf_pipeline import check_hf_pipeline
+
+    check_hf_pipeline(config, plan)
     if plan.cp > 1:
         raise SpecError("plan.cp", plan.cp, "context parallelism is not supported for Hugging "
                         "Face models (HF attention sees whole sequences); valid: cp=1")
@@ -182,13 +184,20 @@ def apply_hf_expert_parallel(model: CausalLM, layout: Layout) -> list[str]:
     return names
 
 
-def _wrap_data_parallel(model: CausalLM, layout: Layout, ignored: list[nn.Parameter]
+def _wrap_data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
                         ) -> tuple[nn.Module, str]:
     """DDP (zero 0) or FSDP2 (zero 1/2: keep parameters gathered between forward and
     backward; zero 3: reshard; ``dp_shard``: HSDP) over ``dp``, expert weights left out."""
     plan = layout.plan
     if layout.size("dp") == 1:
         return model, "none"
+    if plan.zero == 0 and plan.pp > 1:
+        # As for the reference model: DDP's reducer asserts under a pipeline schedule's many
+        # backward passes (torch 2.13); FSDP2's replicate is what pipelining supports.
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        return replicate(model, mesh=layout.submesh("dp"),
+                         ignored_params=set(ignored) or None), "fsdp"
     if plan.zero == 0:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -207,16 +216,20 @@ def _wrap_data_parallel(model: CausalLM, layout: Layout, ignored: list[nn.Parame
             else layout.submesh("dp"))
     options = dict(mesh=mesh, reshard_after_forward=plan.zero == 3,
                    ignored_params=set(ignored) or None, mp_policy=fsdp_mp_policy(plan.comm))
-    for layer in model.model.layers:
+    for layer in decoder_layers(model):
         fully_shard(layer, **options)
     fully_shard(model, **options)
     return model, "fsdp"
 
 
 def parallelize_hf(config: Any, layout: Layout, *, seed: int,
-                   weights: str | os.PathLike | None = None) -> ParallelModel:
+                   weights: str | os.PathLike | None = None,
+                   loss_fn: Callable | None = None) -> ParallelModel:
     """This rank's share of the HF model ``config`` under ``layout`` (the ParallelModel the
-    Trainer trains), initialised from ``seed`` (or ``weights``) to the one-process values."""
+    Trainer trains), initialised from ``seed`` (or ``weights``) to the one-process values.
+    ``loss_fn``: the pipeline schedule's (pp > 1)."""
+    from trainpilot.runtime.parallelize import build_schedule, token_cross_entropy
+
     plan = layout.plan
     check_hf_plan(config, plan)
     model = build_meta(config)
@@ -224,19 +237,42 @@ def parallelize_hf(config: Any, layout: Layout, *, seed: int,
     if plan.tp > 1:
         apply_hf_tensor_parallel(model, layout.submesh("tp"),
                                  sequence_parallel=plan.sequence_parallel)
-    expert_names = apply_hf_expert_parallel(model, layout)
-    model.to_empty(device=layout.device)
-    tie_embeddings(model)
-    init_hf_parameters(model, seed=seed, weights=weights)
-    if plan.recompute == "full":
-        for layer in model.model.layers:  # HF's GradientCheckpointingLayer
-            layer.gradient_checkpointing = True
-            layer._gradient_checkpointing_func = _checkpoint
-    params = dict(model.named_parameters())
-    experts = [params[n] for n in expert_names]
-    wrapped, kind = _wrap_data_parallel(model, layout, experts)
-    return ParallelModel(layout=layout, spec=None, chunks=[wrapped], modules=[model],
-                         data_parallel=kind, expert_params=experts)
+    expert_names = set(apply_hf_expert_parallel(model, layout))
+    pieces: list[tuple[int, nn.Module]] = [(0, model)]
+    if plan.pp > 1:  # cut on the meta device: each rank materialises its own stages only
+        from trainpilot.runtime.hf_pipeline import HFStage, hf_model_spec
+        from trainpilot.runtime.parallelize import stage_plan
+
+        last = plan.pp * plan.vp - 1
+        pieces = [(stage, HFStage(model, ids, first=stage == 0, last=stage == last))
+                  for stage, ids in stage_plan(hf_model_spec(config), layout)]
+    modules, chunks, experts = [], [], []
+    kind = "none"
+    for _, module in pieces:
+        module.to_empty(device=layout.device)
+        tie_embeddings(module)
+        init_hf_parameters(module, seed=seed, weights=weights)
+        if plan.recompute == "full":
+            for layer in decoder_layers(module):  # HF's GradientCheckpointingLayer
+                layer.gradient_checkpointing = True
+                layer._gradient_checkpointing_func = _checkpoint
+        mine = [p for n, p in module.named_parameters() if n in expert_names]
+        wrapped, kind = _wrap_data_parallel(module, layout, mine)
+        modules.append(module)
+        chunks.append(wrapped)
+        experts.extend(mine)
+    pm = ParallelModel(layout=layout, spec=None, chunks=chunks, modules=modules,
+                       data_parallel=kind, expert_params=experts,
+                       stage_ids=[s for s, _ in pieces] if plan.pp > 1 else [])
+    if plan.pp > 1:
+        pm.schedule = build_schedule(pm, loss_fn or token_cross_entropy)
+    return pm
+
+
+def decoder_layers(module: nn.Module) -> list[nn.Module]:
+    """The decoder layers of a :class:`CausalLM` or of a pipeline stage."""
+    layers = module.model.layers
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 
 
 def _checkpoint(function: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -270,9 +306,10 @@ class HFModel:
     def check(self, plan: Plan) -> None:
         check_hf_plan(self.config, plan)
 
-    def parallelize(self, layout: Layout, *, seed: int | None = None) -> ParallelModel:
+    def parallelize(self, layout: Layout, *, seed: int | None = None,
+                    loss_fn: Callable | None = None) -> ParallelModel:
         return parallelize_hf(self.config, layout, seed=self.seed if seed is None else seed,
-                              weights=self.weights)
+                              weights=self.weights, loss_fn=loss_fn)
 
 
 def build_hf_model(config_path: Any, layout: Layout, *, seed: int,

@@ -165,12 +165,13 @@ class Trainer:
         self.scaler = build_grad_scaler(plan.precision, layout.device,
                                         distributed=layout.is_distributed)
         self._unscaled = False
+        schedule_loss = self._scaled_loss if self.scaler.is_enabled() else self.loss_fn
         if self.spec is not None:
-            schedule_loss = self._scaled_loss if self.scaler.is_enabled() else self.loss_fn
             self.model: ParallelModel = parallelize(self.spec, layout, seed=config.seed,
                                                     max_seq_len=plan.seq_len, loss_fn=schedule_loss)
         elif hasattr(self.model_factory, "parallelize"):  # torchtitan's model protocol
-            self.model = self.model_factory.parallelize(layout, seed=config.seed)
+            self.model = self.model_factory.parallelize(layout, seed=config.seed,
+                                                        loss_fn=schedule_loss)
         else:
             self.model = wrap_custom(self.model_factory(), layout)
         self.model.train()
