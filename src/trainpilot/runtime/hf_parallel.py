@@ -240,7 +240,8 @@ def parallelize_hf(config: Any, layout: Layout, *, seed: int,
     expert_names = set(apply_hf_expert_parallel(model, layout))
     pieces: list[tuple[int, nn.Module]] = [(0, model)]
     if plan.pp > 1:  # cut on the meta device: each rank materialises its own stages only
-        from trainpilot.runtime.hf_pipeline import HFStage, hf_model_spec
+        from trainpilot.runtime.hf_pipeline import HFStage
+        from trainpilot.runtime.models.hf import hf_model_spec
         from trainpilot.runtime.parallelize import stage_plan
 
         last = plan.pp * plan.vp - 1

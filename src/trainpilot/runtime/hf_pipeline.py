@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from trainpilot.runtime.models.hf import CausalLM, is_moe
-from trainpilot.specs import ModelSpec, Plan, SpecError
+from trainpilot.specs import Plan, SpecError
 
 
 def check_hf_pipeline(config: Any, plan: Plan) -> None:
@@ -42,14 +42,6 @@ def check_hf_pipeline(config: Any, plan: Plan) -> None:
     if reasons:
         raise SpecError("plan.pp", plan.pp, "pipeline stages of a Hugging Face model do not "
                         f"support {'; '.join(reasons)}; valid: pp=1")
-
-
-def hf_model_spec(config: Any) -> ModelSpec:
-    """The ModelSpec of an HF config (what the stage split and the cost model read)."""
-    from trainpilot.specs import load_model
-    from trainpilot.specs.hf import model_from_hf_config
-
-    return load_model(model_from_hf_config(config.to_dict()))
 
 
 class HFStage(nn.Module):

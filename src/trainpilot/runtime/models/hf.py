@@ -76,6 +76,15 @@ def num_experts(config: Any) -> int:
     return int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", 0))
 
 
+def hf_model_spec(config: Any) -> Any:
+    """The ModelSpec of an HF config (what the pipeline split and the cost model read), by
+    :func:`trainpilot.specs.hf.model_from_hf_config`."""
+    from trainpilot.specs import load_model
+    from trainpilot.specs.hf import model_from_hf_config
+
+    return load_model(model_from_hf_config(config.to_dict()))
+
+
 class CausalLM(nn.Module):
     """An HF ``*ForCausalLM``'s decoder (``model``) and head (``lm_head``) under their HF
     names; ``forward(tokens [b, s]) -> logits [b, s, vocab]``.
