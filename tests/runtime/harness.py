@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def spawn(scenario: str, world_size: int, workdir: Path, *, timeout_s: float = 150,
           args: dict | None = None) -> list:
-    """Run ``tests.runtime.scenarios.<scenario>(args)`` on ``world_size`` ranks; returns the
-    per-rank return values (torch.load'ed). Raises with every rank's stderr on failure."""
+    """Run ``tests.runtime.scenarios.<scenario>(args)`` (or ``package.module:function``) on
+    ``world_size`` ranks; returns the per-rank return values (torch.load'ed). Raises with
+    every rank's stderr on failure."""
     workdir.mkdir(parents=True, exist_ok=True)
     store = workdir / "store"
     store.unlink(missing_ok=True)
@@ -72,8 +73,10 @@ def _child(scenario: str, rank: int, world_size: int, store: str, workdir: str, 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=60))
     try:
-        module = importlib.import_module("tests.runtime.scenarios")
-        result = getattr(module, scenario)(**json.loads(args))
+        # "name" (tests.runtime.scenarios) or "package.module:name"
+        module_name, _, name = scenario.rpartition(":")
+        module = importlib.import_module(module_name or "tests.runtime.scenarios")
+        result = getattr(module, name)(**json.loads(args))
         torch.save(result, Path(workdir) / f"result{rank}.pt")
         dist.barrier()
     finally:

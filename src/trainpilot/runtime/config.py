@@ -29,9 +29,17 @@ class TrainConfig(Spec):
     deterministic: bool = True
     # "auto": bf16 autocast when the plan says bf16 and the device has native bf16 matmuls.
     autocast: Literal["auto", "bf16", "off"] = "auto"
-    # "markov" (synthetic, known entropy floor) or the path of a nanoGPT-style .bin token file.
+    # "markov" (synthetic, known entropy floor) or a path (trainpilot.runtime.datasets):
+    # x.bin (raw token ids, nanoGPT), x.bin + x.idx (Megatron), a glob of .bin shards, a .jsonl,
+    # a text file, or a glob of text files.
     data: str = "markov"
-    data_dtype: Literal["uint16", "uint32"] = "uint16"
+    data_dtype: Literal["uint16", "uint32"] = "uint16"  # raw .bin token files
+    # Text data: a tokenizer.json (None: train a byte-level BPE of the model's vocab on the
+    # corpus), the JSONL field holding each document, and the id put between documents (text:
+    # default the tokenizer's EOS; token shards: None adds none).
+    data_tokenizer: str | None = None
+    data_text_field: str = "text"
+    data_eos_id: NonNegativeInt | None = None
     data_num_samples: PositiveInt = 1 << 20  # markov: samples per epoch
     data_concentration: PositiveFloat = 0.05  # markov: Dirichlet concentration of each row
     shuffle: bool = True

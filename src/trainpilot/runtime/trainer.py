@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 
 from trainpilot.runtime.callbacks import Callback, StepRecord
 from trainpilot.runtime.config import TrainConfig
-from trainpilot.runtime.data import MarkovCorpus, TokenDataset, TokenFileDataset
+from trainpilot.runtime.data import MarkovCorpus, TokenDataset
 from trainpilot.runtime.elastic.retry import retry_collective
 from trainpilot.runtime.layout import Layout, build_layout
 from trainpilot.runtime.optim import (
@@ -58,15 +58,20 @@ from trainpilot.runtime.stepstats import StepStats
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
 
-def make_dataset(config: TrainConfig, model: ModelSpec | None, plan: Plan) -> TokenDataset:
-    """The dataset named by ``config.data``: the Markov corpus or a ``.bin`` token file."""
-    vocab = model.vocab_size if model is not None else 256
+def make_dataset(config: TrainConfig, model: ModelSpec | None, plan: Plan,
+                 vocab_size: int | None = None) -> TokenDataset:
+    """The dataset named by ``config.data``: the Markov corpus, token files or text
+    (:func:`trainpilot.runtime.datasets.open_dataset`). ``vocab_size`` overrides the spec's."""
+    vocab = vocab_size or (model.vocab_size if model is not None else 256)
     if config.data == "markov":
         return MarkovCorpus(vocab_size=vocab, seq_len=plan.seq_len, seed=config.seed,
                             num_samples=config.data_num_samples,
                             concentration=config.data_concentration)
-    return TokenFileDataset(config.data, seq_len=plan.seq_len, vocab_size=vocab,
-                            dtype=config.data_dtype)
+    from trainpilot.runtime.datasets import open_dataset
+
+    return open_dataset(config.data, seq_len=plan.seq_len, vocab_size=vocab,
+                        dtype=config.data_dtype, tokenizer=config.data_tokenizer,
+                        text_field=config.data_text_field, eos_id=config.data_eos_id)
 
 
 def autocast_dtype(mode: str, plan: Plan, device: torch.device) -> tuple[torch.dtype | None, str]:
@@ -138,11 +143,15 @@ class Trainer:
             monitor.restore = lambda step: self.restore(max_step=step, monitor=False)
         if elastic is not None:
             elastic.emit = self.emit
-        layout = layout or build_layout(plan, model=model, custom_model=model_factory is not None)
+        # A factory with its own parallelize (e.g. runtime.hf_parallel.HFModel) checks its plan.
+        own_parallelize = hasattr(model_factory, "parallelize")
+        layout = layout or build_layout(plan, model=model, custom_model=(
+            model_factory is not None and not own_parallelize))
         set_determinism(config.seed, config.deterministic, layout.device)
         self.comm_hook = None
         self._build(layout)
-        self.dataset = dataset or make_dataset(config, model, plan)
+        self.dataset = dataset or make_dataset(config, model, plan,
+                                               getattr(model_factory, "vocab_size", None))
         if self.dataset.seq_len != plan.seq_len:
             raise SpecError("plan.seq_len", plan.seq_len,
                             f"the dataset yields sequences of {self.dataset.seq_len} tokens")
@@ -167,10 +176,13 @@ class Trainer:
         self.scaler = build_grad_scaler(plan.precision, layout.device,
                                         distributed=layout.is_distributed)
         self._unscaled = False
+        schedule_loss = self._scaled_loss if self.scaler.is_enabled() else self.loss_fn
         if self.spec is not None:
-            schedule_loss = self._scaled_loss if self.scaler.is_enabled() else self.loss_fn
             self.model: ParallelModel = parallelize(self.spec, layout, seed=config.seed,
                                                     max_seq_len=plan.seq_len, loss_fn=schedule_loss)
+        elif hasattr(self.model_factory, "parallelize"):  # torchtitan's model protocol
+            self.model = self.model_factory.parallelize(layout, seed=config.seed,
+                                                        loss_fn=schedule_loss)
         else:
             self.model = wrap_custom(self.model_factory(), layout)
         self.model.train()

@@ -1,0 +1,103 @@
+"""examples/plain_ddp.py with trainpilot's parts added (lines marked ``# +``): checkpoints
+(async, sharded, verified, with an in-memory peer copy), the elastic session (process group
+through generations, heartbeats that catch a hung rank), the fault injector, the health
+monitor, and a resumable exactly-once sampler. Crash it and torchrun restarts it where it was:
+
+    TRAINPILOT_INJECT="crash:rank=1,step=12" torchrun --standalone --nproc-per-node 2 \
+        --max-restarts 1 examples/ddp_with_trainpilot.py --steps 30 --run-dir /tmp/run
+"""
+import argparse
+import os
+import sysconfig
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trainpilot.health.monitor import HealthMonitor  # +
+from trainpilot.runtime.checkpoint import CheckpointConfig, Checkpointer  # +
+from trainpilot.runtime.datasets import TextDataset
+from trainpilot.runtime.elastic import ElasticConfig, ElasticSession  # +
+from trainpilot.runtime.faults import FaultInjector  # +
+from trainpilot.runtime.procexit import run_and_end  # +
+from trainpilot.runtime.sampler import ResumableSampler  # +
+
+STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "[a-c]*.py")
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--data", default=STDLIB, help="a .jsonl, a text file or a glob of them")
+parser.add_argument("--run-dir", default="runs/ddp_with_trainpilot")  # +
+parser.add_argument("--save-every", type=int, default=5)  # +
+args = parser.parse_args()
+
+
+def main() -> None:
+    session = ElasticSession(ElasticConfig(recovery="restart"))  # + joins the process group
+    session.start()  # + a failure ends the process; torchrun --max-restarts restarts all
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    data = TextDataset(args.data, seq_len=64, vocab_size=512)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=512)
+    model = DDP(LlamaForCausalLM(config))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    faults = FaultInjector(os.environ.get("TRAINPILOT_INJECT", ""),  # +
+                           journal_path=os.path.join(args.run_dir, "faults.jsonl"))
+    ckpt = Checkpointer(CheckpointConfig(root_dir=os.path.join(args.run_dir, "ckpt")),  # +
+                        faults=faults)
+    monitor = HealthMonitor(model=model.module, optimizer=optimizer,  # +
+                            total_steps=args.steps)
+    sampler = ResumableSampler(data.num_samples, seed=0)  # + replaces the randperm order
+    batch, start = 16, 0  # sequences per step, all ranks
+
+    def state() -> dict:  # + everything a resume needs (RNG states: the checkpointer's)
+        return dict(model=model.module.state_dict(), optimizer=optimizer.state_dict(),
+                    sampler=sampler.state_dict(), step=start)
+
+    restored = ckpt.restore_latest(state())  # + None on a fresh start
+    if restored is not None:  # +
+        model.module.load_state_dict(restored.state["model"])
+        optimizer.load_state_dict(restored.state["optimizer"])
+        sampler.load_state_dict(restored.state["sampler"])
+        start = restored.state["step"]
+    for step in range(start + 1, args.steps + 1):
+        faults.on_step(step, rank=rank)  # + crash / hang / slow when scheduled
+        session.heartbeat.update(step=step)  # +
+        mine = ResumableSampler.shard(sampler.next_indices(batch), rank, world)
+        inputs, targets = data.get_batch(mine)
+        for _attempt in range(2):  # + a non-finite gradient: compute the step once more
+            hooks = faults.poison_backward([model.module.lm_head], step, rank=rank)  # +
+            logits = model(input_ids=inputs).logits
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            loss.backward()
+            for hook in hooks:  # +
+                hook.remove()
+            faults.poison_gradients(model.parameters(), step, rank=rank)  # +
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            bad = torch.tensor(float(not torch.isfinite(norm)))  # + every rank decides alike
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # +
+            if not bad:  # +
+                break
+            optimizer.zero_grad()  # +
+        dist.all_reduce(loss := loss.detach(), op=dist.ReduceOp.AVG)
+        monitor.observe_loss(step, loss)  # + may skip a spike's update (its optimizer hook)
+        optimizer.step()
+        optimizer.zero_grad()
+        monitor.end_step(step=step, loss=loss.item(), tokens=batch * 64)  # + rules, alerts
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if step % args.save_every == 0 or step == args.steps:  # +
+            start = step
+            ckpt.save(step, state())
+    ckpt.wait()  # +
+    ckpt.close()  # +
+    if rank == 0:  # + the final weights, for comparing runs bit for bit
+        torch.save(model.module.state_dict(), os.path.join(args.run_dir, "final.pt"))
+    session.close()  # +
+    dist.destroy_process_group()
+
+
+run_and_end(main)  # + ends cleanly with gloo threads still running (docs/runtime.md)
