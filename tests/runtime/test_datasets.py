@@ -12,8 +12,13 @@ import pytest
 
 from tests.runtime.byo_data import SEQ_LEN, VOCAB, make_corpus, stdlib_texts
 from trainpilot.runtime.datasets import (
-    PackedDocuments, data_kind, load_tokenizer, open_dataset, read_megatron_index, train_bpe,
-    write_megatron)
+    data_kind,
+    load_tokenizer,
+    open_dataset,
+    read_megatron_index,
+    train_bpe,
+    write_megatron,
+)
 from trainpilot.runtime.sampler import ResumableSampler
 from trainpilot.specs import SpecError
 

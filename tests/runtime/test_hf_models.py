@@ -98,7 +98,7 @@ def test_other_families_build_and_match_plain_transformers(model):
         forwards = []
         # (the recompute runs forward(), not __call__: hook a submodule it calls first)
         module.model.layers[0].self_attn.q_proj.register_forward_pre_hook(
-            lambda *a: forwards.append(1))
+            lambda *a, f=forwards: f.append(1))
         loss = torch.nn.functional.cross_entropy(module(PROBE).flatten(0, 1), PROBE.flatten())
         loss.backward()
         assert len(forwards) == (2 if recompute == "full" else 1)
@@ -187,7 +187,7 @@ def test_qwen3_tp_and_mixtral_ddp_fsdp2_tp_ep_match_one_process(tmp_path, corpus
                 args=dict(data=corpus["jsonl"], tokenizer=corpus["tokenizer"]))
     check_spawn(res, ["qwen3_tp", "mixtral_ddp", "mixtral_fsdp", "mixtral_tp", "mixtral_ep"],
                 references)
-    assert STEPS == len(res[0]["mixtral_ep"]["losses"])
+    assert len(res[0]["mixtral_ep"]["losses"]) == STEPS
 
 
 @pytest.mark.parametrize("model", ["qwen3", "mixtral"])

@@ -30,15 +30,22 @@ parallel (DDP, or FSDP2 ``fully_shard`` per decoder layer and at the root; HSDP 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from trainpilot.runtime.layout import Layout
 from trainpilot.runtime.models.hf import (
-    CausalLM, build_meta, init_hf_parameters, is_moe, load_hf_config, num_experts,
-    tie_embeddings)
+    CausalLM,
+    build_meta,
+    init_hf_parameters,
+    is_moe,
+    load_hf_config,
+    num_experts,
+    tie_embeddings,
+)
 from trainpilot.runtime.parallelize import ParallelModel, settle_ddp_buckets
 from trainpilot.specs import Plan, SpecError
 
@@ -80,8 +87,12 @@ def apply_hf_tensor_parallel(model: CausalLM, tp_mesh, *, sequence_parallel: boo
     over the sequence (``Shard(1)``); attention and the MLP gather it back."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
-        ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
-        parallelize_module)
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     seq = Shard(1) if sequence_parallel else Replicate()
     top: dict[str, Any] = {

@@ -25,9 +25,18 @@ from typing import Any
 
 from trainpilot.runtime.datasets.packing import PackedDocuments
 from trainpilot.runtime.datasets.shards import (
-    megatron_prefix, open_megatron, open_token_shards, read_megatron_index, write_megatron)
+    megatron_prefix,
+    open_megatron,
+    open_token_shards,
+    read_megatron_index,
+    write_megatron,
+)
 from trainpilot.runtime.datasets.text import (
-    TextDataset, load_tokenizer, tokenize_to_megatron, train_bpe)
+    TextDataset,
+    load_tokenizer,
+    tokenize_to_megatron,
+    train_bpe,
+)
 from trainpilot.specs.errors import SpecError
 
 __all__ = ["PackedDocuments", "TextDataset", "load_tokenizer", "megatron_prefix", "open_dataset",

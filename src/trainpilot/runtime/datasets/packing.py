@@ -15,7 +15,7 @@ materialised, and the index is O(documents).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

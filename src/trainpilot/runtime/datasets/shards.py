@@ -23,8 +23,8 @@ from __future__ import annotations
 import glob
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -15,8 +15,9 @@ import glob
 import json
 import os
 import zlib
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
