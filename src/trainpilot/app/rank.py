@@ -223,6 +223,13 @@ def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon
     hooks = hooks or RankHooks()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model, config, cluster = job.model, job.config, job.cluster
+    factory = hooks.model_factory
+    if job.hf_config is not None and factory is None:
+        from trainpilot.runtime.hf_parallel import HFModel
+
+        # A Hugging Face model: transformers builds it, the plan parallelizes it; the
+        # ModelSpec (job.model) stays for the cost model and the monitor.
+        factory = HFModel(job.hf_config, weights=job.hf_weights, seed=config.seed)
     run_dir = Path(job.run_dir)
     session = ElasticSession(ElasticConfig(**job.elastic))
     session.start()
@@ -231,7 +238,11 @@ def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon
     emit = _Emitter()
     try:
         plan = part.plan = plan_for_world(job.plan, dist.get_world_size())  # --nnodes=MIN:MAX
-        layout = part.layout = build_layout(plan, model=model, custom_model=model is None)
+        if hasattr(factory, "check"):
+            factory.check(plan)
+        layout = part.layout = build_layout(
+            plan, model=model if factory is None else None,
+            custom_model=factory is not None and not hasattr(factory, "parallelize"))
         rank0 = layout.rank == 0
         if rank0:
             write_documents(run_dir, model=model, plan=plan, config=config, extra=dict(
@@ -241,10 +252,16 @@ def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon
                                              session)
         if rank0 and pred.get("cluster") is not None:
             dump(pred["cluster"], run_dir / "cluster.yaml")
+        if rank0 and job.hf_config is not None:  # what export-weights --to hf reads back
+            atomic_write_text(run_dir / "hf_config.json", json.dumps(job.hf_config, indent=1))
         if rank0:
             part.store = _open_store(run_dir, model=model, plan=plan, config=config,
                                      cluster=pred.get("cluster"), layout=layout, job=job,
                                      emit=emit)
+            if part.store is not None and job.export_metrics:
+                from trainpilot.store.exporters import export_metrics
+
+                export_metrics(getattr(part.store, "inner", part.store), job.export_metrics)
         part.faults = FaultInjector(job.inject, journal_path=run_dir / "faults.jsonl")
         part.checkpointer = build_checkpointer(job, plan=plan, run_dir=run_dir,
                                                faults=part.faults, elastic=session,
@@ -264,7 +281,8 @@ def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon
         if hooks.wrap_dataset is not None:
             dataset = hooks.wrap_dataset(dataset, part)
         cls = hooks.trainer_cls or Trainer
-        part.trainer = cls(model=model, model_factory=hooks.model_factory, plan=plan,
+        part.trainer = cls(model=model if factory is None else None, model_factory=factory,
+                           plan=plan,
                            config=config, layout=layout, dataset=dataset,
                            callbacks=[metrics, recorder, *extra, *load_callbacks(
                                job.callbacks, run_dir=run_dir, layout=layout)],

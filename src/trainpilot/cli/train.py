@@ -25,7 +25,8 @@ from trainpilot.cli.common import (
 
 # Training options that map one-to-one onto TrainConfig fields.
 _CONFIG_FLAGS = dict(steps=int, lr=float, warmup_steps=int, grad_clip=float, seed=int, data=str,
-                     data_dtype=str, autocast=str, checkpoint_every=int, storage_every=int)
+                     data_dtype=str, autocast=str, checkpoint_every=int, storage_every=int,
+                     data_tokenizer=str, data_text_field=str, data_eos_id=int)
 # Recovery options that map onto ElasticConfig fields.
 _ELASTIC_FLAGS = dict(recovery="recovery", heartbeat_timeout="heartbeat_timeout_s",
                       collective_timeout="collective_timeout_s")
@@ -75,6 +76,20 @@ def register(subparsers) -> None:
     group.add_argument("--data", help="'markov' (synthetic, known entropy floor; default) or a "
                        "nanoGPT-style .bin token file")
     group.add_argument("--data-dtype", choices=["uint16", "uint32"], help="token file dtype")
+    group.add_argument("--data-tokenizer", metavar="TOKENIZER_JSON",
+                       help="text/JSONL data: a local tokenizers tokenizer.json (default: a "
+                            "byte-level BPE trained on the corpus itself)")
+    group.add_argument("--data-text-field", metavar="KEY", help="JSONL: the text field "
+                       "(default text)")
+    group.add_argument("--data-eos-id", type=int, metavar="ID",
+                       help="token id placed between documents (default: the tokenizer's EOS)")
+    group.add_argument("--weights", metavar="SAFETENSORS",
+                       help="with a Hugging Face --model config.json: start from these weights "
+                            "(a local .safetensors file or folder; default: seeded random "
+                            "init)")
+    group.add_argument("--export-metrics", metavar="SPEC",
+                       help="also send the metrics live: 'tensorboard=DIR', "
+                            "'prometheus=PORT|FILE', comma-separated")
     group.add_argument("--autocast", choices=["auto", "bf16", "off"],
                        help="bf16 autocast (auto: when the plan says bf16 and the device has "
                             "native bf16)")
@@ -164,9 +179,16 @@ def _config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainpilot.specs import load_cluster, load_model, load_plan
+    from trainpilot.specs import SpecError, load_cluster, load_model, load_plan
 
     model, plan = load_model(args.model), load_plan(args.plan)
+    hf_config = _hf_config(args.model)
+    if args.weights and hf_config is None:
+        raise SpecError("--weights", args.weights, "needs a Hugging Face --model config.json")
+    if args.export_metrics:
+        from trainpilot.store.exporters import ExportSpec
+
+        ExportSpec.parse(args.export_metrics)  # bad input before anything starts
     cluster = load_cluster(args.cluster) if args.cluster else None
     if args.dry_run:
         return _dry_run(args, model, plan, cluster)
@@ -200,7 +222,9 @@ def run(args: argparse.Namespace) -> int:
                          resume=args.resume, recovery=not args.no_recovery,
                          memory_check=not args.skip_memory_check, preempt_signals=signals,
                          preempt_deadline_s=args.preempt_deadline,
-                         on_launch=progress.start if progress else None)
+                         on_launch=progress.start if progress else None,
+                         hf_config=hf_config, hf_weights=args.weights,
+                         export_metrics=args.export_metrics)
     except RunPreempted as err:
         if progress:
             progress.stop()
@@ -223,6 +247,24 @@ def run(args: argparse.Namespace) -> int:
             print_train_summary(summary)
         console.print(final_line(summary), soft_wrap=True)
     return 0
+
+
+def _hf_config(ref: str) -> dict[str, Any] | None:
+    """The config.json of a Hugging Face model ``--model`` points at (a file, or a folder
+    holding one); None for a preset or a trainpilot model document."""
+    import json
+
+    from trainpilot.specs.hf import looks_like_hf_config
+
+    path = Path(ref)
+    path = path / "config.json" if path.is_dir() else path
+    if path.suffix != ".json" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # load_model has said what is wrong with it
+    return data if isinstance(data, dict) and looks_like_hf_config(data) else None
 
 
 def _close_crashed(run_dir: Path, reason: str) -> None:

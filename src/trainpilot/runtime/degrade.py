@@ -75,6 +75,11 @@ class TolerantStore:
         self.failures = 0
 
     @property
+    def inner(self) -> Any:
+        """The store it wraps."""
+        return self._store
+
+    @property
     def queued(self) -> int:
         return len(self._queue)
 

@@ -121,11 +121,14 @@ def prepare(*, model: ModelSpec, plan: Plan, options: argparse.Namespace | dict 
     world = nproc * nnodes if nproc is not None and nnodes is not None else None
     check_runtime(model, plan, backend=default_backend(), world_size=world)
     if job.config.data != "markov":
-        from trainpilot.runtime.data import TokenFileDataset
+        from trainpilot.runtime.trainer import make_dataset
 
         # Open it here too: a missing or malformed file is bad input, not a failed run.
-        TokenFileDataset(job.config.data, seq_len=plan.seq_len, vocab_size=model.vocab_size,
-                         dtype=job.config.data_dtype)
+        make_dataset(job.config, model, plan)
+    if job.hf_config is not None:
+        from trainpilot.runtime.hf_parallel import HFModel
+
+        HFModel(job.hf_config, weights=job.hf_weights).check(plan)
     return args
 
 
@@ -159,7 +162,9 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
            resume: str = "auto", recovery: bool = True, memory_check: bool = True,
            preempt_signals: tuple[str, ...] = ("TERM",), preempt_deadline_s: float = 20.0,
            on_note: Callable[[str], None] | None = None,
-           on_launch: Callable[[], None] | None = None) -> dict[str, Any]:
+           on_launch: Callable[[], None] | None = None,
+           hf_config: dict[str, Any] | None = None, hf_weights: str | None = None,
+           export_metrics: str | None = None) -> dict[str, Any]:
     """Train under torchrun; returns the run's summary (rank 0's ``summary.json``).
 
     ``resume``: ``auto`` (continue an existing run from its newest valid checkpoint), ``never``
@@ -184,7 +189,8 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
     job = WorkerJob(model=model, plan=plan, config=config, cluster=cluster, run_dir=str(run_dir),
                     callbacks=list(callbacks), inject=inject, elastic=elastic, health=health,
                     health_config=health_config, checkpoint=checkpoint,
-                    preempt_signals=list(preempt_signals), preempt_deadline_s=preempt_deadline_s)
+                    preempt_signals=list(preempt_signals), preempt_deadline_s=preempt_deadline_s,
+                    hf_config=hf_config, hf_weights=hf_weights, export_metrics=export_metrics)
     args = prepare(model=model, plan=plan, options=options, job=job)
     if memory_check:
         from trainpilot.runtime.memfit import check_memory, require_fit

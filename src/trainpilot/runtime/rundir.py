@@ -37,7 +37,8 @@ PREEMPTED = "preempted.json"
 FROZEN_PLAN = ("global_batch_size", "seq_len", "precision", "tp", "pp", "vp", "ep", "cp")
 FROZEN_CONFIG = ("steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay", "beta1",
                  "beta2", "grad_clip", "seed", "deterministic", "data", "data_dtype",
-                 "data_num_samples", "data_concentration", "shuffle", "autocast")
+                 "data_num_samples", "data_concentration", "shuffle", "autocast",
+                 "data_tokenizer", "data_text_field", "data_eos_id")
 
 
 def check_usable(run_dir: Path) -> None:
@@ -235,6 +236,7 @@ def check_same_job(saved: dict[str, Any], new: dict[str, Any]) -> None:
     """SpecError naming the first field that makes ``new`` a different job from ``saved``
     (the model, or a plan/config value that changes what the checkpoints mean)."""
     diffs = _diff(saved.get("model", {}), new.get("model", {}), "model")
+    diffs += _diff(saved.get("hf_config"), new.get("hf_config"), "hf_config")
     for key in FROZEN_PLAN:
         if saved.get("plan", {}).get(key) != new.get("plan", {}).get(key):
             diffs.append((f"plan.{key}", saved.get("plan", {}).get(key),

@@ -143,10 +143,7 @@ class Trainer:
             monitor.restore = lambda step: self.restore(max_step=step, monitor=False)
         if elastic is not None:
             elastic.emit = self.emit
-        # A factory with its own parallelize (e.g. runtime.hf_parallel.HFModel) checks its plan.
-        own_parallelize = hasattr(model_factory, "parallelize")
-        layout = layout or build_layout(plan, model=model, custom_model=(
-            model_factory is not None and not own_parallelize))
+        layout = layout or self.new_layout()
         set_determinism(config.seed, config.deterministic, layout.device)
         self.comm_hook = None
         self._build(layout)
@@ -167,6 +164,17 @@ class Trainer:
         self._last_save = None  # the newest SaveHandle (elastic.steps)
         self._fence_s = 0.0  # this step's wait for a checkpoint copy
         self._step_times: list[float] = []
+
+    def new_layout(self) -> Layout:
+        """A layout over the current process group for this trainer's model (again after a
+        recovery rebuilt the group). A factory with its own ``parallelize`` (e.g.
+        ``runtime.hf_parallel.HFModel``) checks the plan itself; a plain custom module runs
+        data parallel only."""
+        factory = self.model_factory
+        if hasattr(factory, "check"):
+            factory.check(self.plan)
+        return build_layout(self.plan, model=self.spec, custom_model=(
+            factory is not None and not hasattr(factory, "parallelize")))
 
     def _build(self, layout: Layout) -> None:
         """Model, optimizers, schedulers and comm hook on ``layout`` (again after a recovery)."""
@@ -644,6 +652,7 @@ class Trainer:
         for chunk, opt in zip(self.model.chunks, self.optimizers):
             model_state.update(get_model_state_dict(chunk, options=options))
             optim_state.update(get_optimizer_state_dict(chunk, opt, options=options))
+        self._experts_as_dtensors(model_state, optim_state)
         out = dict(model=model_state, optimizer=optim_state,
                    scheduler=self.schedulers[0].state_dict(), sampler=self.sampler.state_dict(),
                    step=self.step)
@@ -655,6 +664,32 @@ class Trainer:
                 out["rng"]["cuda"] = torch.cuda.get_rng_state(self.layout.device)
         return out
 
+    def _experts_as_dtensors(self, model_state: dict[str, Any],
+                             optim_state: dict[str, Any]) -> None:
+        """Expert weights under expert parallelism are plain tensors holding each rank's own
+        experts under the same name on every rank: DCP would take them for one replicated
+        tensor and save rank 0's only (every other rank then restored rank 0's experts). As
+        DTensors sharded over ``ep`` each rank's experts are saved at their offset, and the
+        checkpoint reshards like any other; their AdamW moments likewise."""
+        if not self.model.expert_params or self.layout.size("ep") == 1:
+            return
+        from torch.distributed.tensor import Shard
+
+        mesh = self.layout.submesh("ep")
+        ptrs = {p.data_ptr() for p in self.model.expert_params}
+        names = {k for k, v in model_state.items() if torch.is_tensor(v)
+                 and not isinstance(v, DTensor) and v.data_ptr() in ptrs}
+
+        def shard(t: torch.Tensor) -> DTensor:
+            return DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
+
+        for key in names:
+            model_state[key] = shard(model_state[key])
+        for key, value in optim_state.items():
+            if key.startswith("state.") and torch.is_tensor(value) and value.dim() > 0 \
+                    and key[len("state."):].rsplit(".", 1)[0] in names:
+                optim_state[key] = shard(value)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -665,6 +700,8 @@ class Trainer:
         self._fence()
 
         options = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
+        state = dict(state, model=_local_experts(state["model"]),
+                     optimizer=_local_experts(state["optimizer"]))
         for chunk, opt in zip(self.model.chunks, self.optimizers):
             set_model_state_dict(chunk, state["model"], options=options)
             set_optimizer_state_dict(chunk, opt, state["optimizer"], options=options)
@@ -719,6 +756,17 @@ class Trainer:
         self.sampler = ResumableSampler(self.dataset.num_samples, seed=self.config.seed,
                                         shuffle=self.config.shuffle)
         self.step = 0
+
+
+def _local_experts(section: dict[str, Any]) -> dict[str, Any]:
+    """Expert DTensors (:meth:`Trainer._experts_as_dtensors`) back to this rank's tensors;
+    FSDP's and TP's DTensors stay as they are."""
+    out = {}
+    for key, value in section.items():
+        if isinstance(value, DTensor) and value.device_mesh.mesh_dim_names == ("ep",):
+            value = value.to_local()
+        out[key] = value
+    return out
 
 
 def _rng_state() -> tuple[Any, ...]:

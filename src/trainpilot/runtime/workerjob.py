@@ -27,6 +27,11 @@ class WorkerJob(Spec):
     """What a worker needs to run its rank of the job (paths absolute)."""
 
     model: ModelSpec | None  # None: the caller supplies its own module (app.rank.RankHooks)
+    # A Hugging Face causal LM to train (its config.json as a dict): the transformers model is
+    # built and parallelized (runtime.hf_parallel); ``model`` is then its ModelSpec, for the
+    # cost model and the monitor. ``hf_weights``: a local safetensors file or folder.
+    hf_config: dict[str, Any] | None = None
+    hf_weights: str | None = None
     plan: Plan
     config: TrainConfig = TrainConfig()
     cluster: ClusterSpec | None = None
@@ -44,6 +49,8 @@ class WorkerJob(Spec):
     # Seconds a preempted worker may spend on its last checkpoint before it exits anyway
     # (torchrun's agent kills its workers 30 s after forwarding the signal).
     preempt_deadline_s: float = pydantic.Field(default=20.0, gt=0)
+    # Where rank 0 also sends its metrics (``tensorboard=DIR,prometheus=PORT|FILE``).
+    export_metrics: str | None = None
 
     @pydantic.field_validator("preempt_signals")
     @classmethod

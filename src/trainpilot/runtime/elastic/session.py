@@ -168,10 +168,7 @@ class ElasticSession:
         abort_world()
         gen = self._join(target)
         t_joined = time.perf_counter()
-        from trainpilot.runtime.layout import build_layout
-
-        layout = build_layout(trainer.plan, model=trainer.spec,
-                              custom_model=trainer.spec is None)
+        layout = trainer.new_layout()
         if trainer.checkpointer is not None:
             # A save still in flight on the failed generation cannot finish its collectives
             # (its peers left the group): give it a moment, then abandon it.
