@@ -60,12 +60,18 @@ def test_tied_embeddings_need_one_stage_and_one_tp_rank():
 
 
 @pytest.mark.parametrize("plan, names, sizes, flat", [
-    ("dp=2,tp=2", ["pp", "dp", "tp"], [1, 2, 2], {}),
-    ("dp=4,ep=2", ["pp", "edp", "ep", "tp"], [1, 2, 2, 1], {"dp": ("edp", "ep")}),
-    ("dp=4,zero=3,dp_shard=2,pp=2", ["pp", "dp_replicate", "dp_shard", "tp"], [2, 2, 2, 1],
+    # The plan's default rank order, tp-cp-ep-pp-dp: data parallel varies slowest, the
+    # pipeline stages sit inside each replica (the first mesh axis varies slowest).
+    ("dp=2,tp=2", ["dp", "pp", "tp"], [2, 1, 2], {}),
+    ("dp=4,ep=2", ["edp", "pp", "ep", "tp"], [2, 1, 2, 1], {"dp": ("edp", "ep")}),
+    ("dp=4,zero=3,dp_shard=2,pp=2", ["dp_replicate", "dp_shard", "pp", "tp"], [2, 2, 2, 1],
      {"dp": ("dp_replicate", "dp_shard")}),
     # cp between data and tp; gradients are averaged over the flattened dp x cp.
-    ("dp=2,cp=2,tp=2", ["pp", "dp", "cp", "tp"], [1, 2, 2, 2], {"dp_cp": ("dp", "cp")}),
+    ("dp=2,cp=2,tp=2", ["dp", "pp", "cp", "tp"], [2, 1, 2, 2], {"dp_cp": ("dp", "cp")}),
+    # Megatron's default order: the stages vary slowest.
+    ("dp=2,pp=2,rank_order=tp-cp-ep-dp-pp", ["pp", "dp", "tp"], [2, 2, 1], {}),
+    ("dp=4,ep=2,pp=2,rank_order=tp-cp-ep-dp-pp", ["pp", "edp", "ep", "tp"], [2, 2, 2, 1],
+     {"dp": ("edp", "ep")}),
 ])
 def test_mesh_axes(plan, names, sizes, flat):
     assert mesh_axes(load_plan(plan + "," + BATCH)) == (names, sizes, flat)

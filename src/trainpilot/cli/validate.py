@@ -52,6 +52,10 @@ def register(subparsers) -> None:
                         help="objective evaluations for --calibrate (default 900)")
     parser.add_argument("--write", type=Path, default=None,
                         help="with --calibrate: write the fitted curve as YAML to this file")
+    parser.add_argument("--part", choices=["all", "training", "serving", "diagnosis"],
+                        default="all",
+                        help="what to validate: the training cost model, the serving "
+                             "simulator (Sim2Infer), log diagnosis, or all three (default)")
     add_json_arg(parser)
     parser.set_defaults(func=run)
 
@@ -104,11 +108,14 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"calibration: {fit.rows} rows, {fit.evaluations} evaluations, "
                           f"MAPE {fit.start_mape:.1%} -> {fit.mape:.1%}")
             console.print(text, markup=False)
+    others = _other_parts(args.part)
+    if args.part != "all" and args.part != "training":
+        return _report_others(others, args.json)
     results = run(cases, curve)
     summaries = summarize(results)
-    failed = failures(summaries)
+    failed = failures(summaries) + others["failures"]
     if args.json:
-        print_json(dict(
+        print_json(dict(**{k: v for k, v in others.items() if k != "failures"},
             vtrain_dir=str(folder) if folder else None, thresholds=THRESHOLDS,
             held_out_gates=HELD_OUT_GATES,
             summaries=[s.to_dict() for s in summaries], failures=failed,
@@ -127,11 +134,67 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"vTrain measurements: {folder}")
     _print_rows(results, args.all_rows)
     _print_summary(summaries, THRESHOLDS, HELD_OUT_GATES)
+    _print_others(others)
     for line in failed:
         console.print(f"[bold red]FAIL[/] {line}")
     if not failed:
         console.print("[bold green]PASS[/] every gate holds")
     return EXIT_FAILURE if failed else 0
+
+
+def _other_parts(part: str) -> dict:
+    """The serving simulator's and the log diagnosis's held-out validation (sim/, health/):
+    summaries, and the gates that failed."""
+    out: dict = {"failures": []}
+    if part in ("all", "serving"):
+        from trainpilot.sim.serve_validation import validate_serving
+
+        serving = validate_serving()["summary"]
+        out["serving"] = serving
+        if not serving["passed"]:
+            held = serving["held_out"]
+            out["failures"].append(f"serving held-out mean error {held['mean_abs_error']:.1%} "
+                                   f"> gate {serving['gate']:.0%}")
+    if part in ("all", "diagnosis"):
+        from trainpilot.health.corpus import HELD_OUT_GATE, validate
+
+        report = validate()
+        right, total = report.accuracy("held_out")
+        out["diagnosis"] = dict(report.to_dict(), held_out_gate=HELD_OUT_GATE)
+        if total and right / total < HELD_OUT_GATE:
+            out["failures"].append(f"diagnosis held-out accuracy {right}/{total} < gate "
+                                   f"{HELD_OUT_GATE:.0%}")
+    return out
+
+
+def _print_others(others: dict) -> None:
+    if "serving" in others:
+        s = others["serving"]
+        held, cal = s["held_out"], s["calibration"]
+        console.print(
+            f"serving (Sim2Infer, `trainpilot simulate serve --validate` for every row): "
+            f"held-out mean error {held['mean_abs_error']:.1%} over {held['rows']} rows from "
+            f"{held['num_sources']} sources (gate {s['gate']:.0%}, target {s['target']:.0%}: "
+            f"{'met' if s['target_met'] else 'not met'}); calibration "
+            f"{cal['mean_abs_error']:.1%} over {cal['rows']} rows")
+    if "diagnosis" in others:
+        d = others["diagnosis"]["splits"]["held_out"]
+        console.print(f"log diagnosis (`trainpilot diagnose --validate` for every log): "
+                      f"held-out {d['correct']}/{d['total']} real failure logs right "
+                      f"(gate {others['diagnosis']['held_out_gate']:.0%}, target "
+                      f"{others['diagnosis']['held_out_target']:.0%})")
+
+
+def _report_others(others: dict, as_json: bool) -> int:
+    if as_json:
+        print_json(others)
+    else:
+        _print_others(others)
+        for line in others["failures"]:
+            console.print(f"[bold red]FAIL[/] {line}")
+        if not others["failures"]:
+            console.print("[bold green]PASS[/] every gate holds")
+    return EXIT_FAILURE if others["failures"] else 0
 
 
 def _dump_row(cases, label: str, output: Path | None) -> int:

@@ -22,6 +22,8 @@ from trainpilot.specs.errors import from_pydantic
 
 Split = Literal["authoring", "held_out"]
 HELD_OUT_TARGET = 0.90
+# What CI gates on (the target is not met yet: the held-out rate measured blind was 82%).
+HELD_OUT_GATE = 0.85
 
 
 class _Strict(pydantic.BaseModel):

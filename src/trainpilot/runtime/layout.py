@@ -84,6 +84,8 @@ def check_runtime(model: ModelSpec | None, plan: Plan, *, backend: str,
         _check_context_parallel(model, plan)
     if model is not None:
         _check_model_rules(model, plan)
+        if backend != "fake":
+            _check_numerics(model)
     _check_pipeline(plan)
     if plan.zero >= 1:
         from trainpilot.runtime.comm.fsdp import check_fsdp_comm
@@ -92,8 +94,17 @@ def check_runtime(model: ModelSpec | None, plan: Plan, *, backend: str,
     if plan.ep > 1 and plan.dp_shard is not None:
         raise SpecError("plan.dp_shard", plan.dp_shard, "hybrid sharding with expert "
                         "parallelism is not supported; valid: unset dp_shard when ep > 1")
+    _check_folding(plan)
     if backend not in ("gloo", "nccl", "hccl", "fake"):  # fake: --dry-run's process group
         raise SpecError("backend", backend, "valid: gloo, nccl, hccl")
+
+
+def _check_folding(plan: Plan) -> None:
+    """Plan fields the cost model prices that this runtime does not run (one line each)."""
+    if plan.etp is not None and (plan.etp != 1 or plan.dp % plan.ep):
+        raise SpecError("plan.etp", plan.etp, "MoE parallel folding (experts over tp x dp, "
+                        "expert tensor parallelism) is priced by the cost model but not run by "
+                        "this runtime, whose ep divides dp; valid: unset etp, ep dividing dp")
 
 
 def _check_model_rules(model: ModelSpec, plan: Plan) -> None:
@@ -109,6 +120,26 @@ def _check_model_rules(model: ModelSpec, plan: Plan) -> None:
     if plan.sequence_parallel and model.position_embedding == "learned":
         raise SpecError("plan.sequence_parallel", True, "needs RoPE; learned position embeddings "
                         "are added to the sequence-sharded activations")
+
+
+def _check_numerics(model: ModelSpec) -> None:
+    """Model features the reference GPT would silently train without (a dry run, which only
+    counts parameters and memory, does not need them)."""
+    unsupported = {"qk_norm": model.qk_norm, "rope_scaling": model.rope_scaling,
+                   "num_mtp_layers": model.num_mtp_layers or None,
+                   "sliding_window": model.sliding_window,
+                   "dropout": model.dropout or None}
+    for name, value in unsupported.items():
+        if value:
+            raise SpecError(f"model.{name}", value, "not in the reference GPT (it would be "
+                            "trained without it); valid: a Hugging Face config.json for this "
+                            "model (trainpilot train builds it with transformers), or unset")
+    moe = model.moe
+    if moe is not None and (moe.router_score != "softmax" or moe.router_expert_bias
+                            or moe.num_expert_groups > 1 or moe.router_scaling_factor):
+        raise SpecError("model.moe.router", moe.router_score, "the reference MoE routes with a "
+                        "softmax top-k (no expert bias, groups or scaling); valid: those "
+                        "defaults, or a Hugging Face config.json for this model")
 
 
 def _check_context_parallel(model: ModelSpec | None, plan: Plan) -> None:
@@ -145,7 +176,16 @@ def mesh_axes(plan: Plan) -> tuple[list[str], list[int], dict[str, tuple[str, ..
         data = [("dp_replicate", plan.dp // plan.dp_shard), ("dp_shard", plan.dp_shard)]
     else:
         data = [("dp", plan.dp)]
-    axes = [("pp", plan.pp), *data, ("tp", plan.tp)]
+    # plan.rank_order, fastest-varying axis first: "tp-cp-ep-dp-pp" puts data parallel inside
+    # each pipeline stage's block of ranks, "tp-cp-ep-pp-dp" puts the stages inside each data-
+    # parallel replica (the mesh's first axis varies slowest).
+    # (torch's DeviceMesh flattens axes that are not neighbours: dp from edp and ep, dp_cp.)
+    if plan.rank_order == "tp-cp-ep-pp-dp" and plan.ep > 1:
+        axes = [("edp", plan.dp // plan.ep), ("pp", plan.pp), ("ep", plan.ep), ("tp", plan.tp)]
+    elif plan.rank_order == "tp-cp-ep-pp-dp":
+        axes = [*data, ("pp", plan.pp), ("tp", plan.tp)]
+    else:
+        axes = [("pp", plan.pp), *data, ("tp", plan.tp)]
     flat = {"dp": tuple(name for name, _ in data)} if len(data) > 1 else {}
     if plan.cp > 1:  # checked: data is the single axis "dp" then
         axes.insert(-1, ("cp", plan.cp))

@@ -28,14 +28,11 @@ from torch.utils.checkpoint import checkpoint
 from trainpilot.runtime.models.context import ContextParallel
 from trainpilot.specs import ModelSpec
 
-# ModelSpec has no RoPE base; 10,000 is the GPT-NeoX/Llama 2 value (Llama 3 uses 500,000, which
-# matters only for long contexts).
-ROPE_THETA = 10_000.0
-
-
-def rope_tables(seq_len: int, head_dim: int, *, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of shape [seq_len, head_dim] for rotate-half RoPE."""
-    inv_freq = 1.0 / ROPE_THETA ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
+def rope_tables(seq_len: int, head_dim: int, *, device=None, theta: float = 10_000.0,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of shape [seq_len, head_dim] for rotate-half RoPE with base
+    ``theta`` (the model's ``rope_theta``: 10,000 for Llama 2, 500,000 for Llama 3)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim)
     angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -51,8 +48,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def make_norm(spec: ModelSpec) -> nn.Module:
     if spec.norm == "rmsnorm":
-        return nn.RMSNorm(spec.hidden_size, eps=1e-5)
-    return nn.LayerNorm(spec.hidden_size, eps=1e-5, bias=spec.bias)
+        return nn.RMSNorm(spec.hidden_size, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.hidden_size, eps=spec.norm_eps, bias=spec.bias)
 
 
 class Attention(nn.Module):
@@ -156,14 +153,14 @@ class GPT(nn.Module):
             None if spec.tie_word_embeddings else nn.Linear(h, spec.vocab_size, bias=False))
         self.is_last_stage = True
         self.context_parallel: ContextParallel | None = None  # see set_context_parallel
-        cos, sin = rope_tables(max_seq_len, int(spec.head_dim))
+        cos, sin = rope_tables(max_seq_len, int(spec.head_dim), theta=spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables in place (after ``to_empty`` from the meta device)."""
         cos, sin = rope_tables(self.max_seq_len, int(self.spec.head_dim),
-                               device=self.rope_cos.device)
+                               device=self.rope_cos.device, theta=self.spec.rope_theta)
         with torch.no_grad():
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
