@@ -28,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 from trainpilot.runtime.models.context import ContextParallel
 from trainpilot.specs import ModelSpec
 
+
 def rope_tables(seq_len: int, head_dim: int, *, device=None, theta: float = 10_000.0,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of shape [seq_len, head_dim] for rotate-half RoPE with base
