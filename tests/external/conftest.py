@@ -6,7 +6,7 @@ import pytest
 
 from tests.external.harness import PLAN2, PLAN4, job, train_args
 
-STEPS2, STEPS4 = 18, 12
+STEPS2, STEPS4 = 12, 12
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,7 @@ def test_a_disk_filling_up_degrades_and_recovers_bit_exact(ref2, small_disk, tmp
         j.wait_step(4)
         filler = small_disk / "filler"
         assert _fill(filler) > 0
-        j.wait_step(11)  # several checkpoints and store flushes meet the full disk
+        j.wait_step(9)  # several checkpoints and store flushes meet the full disk
         filler.unlink()
         assert j.wait() == 0, j.output()[-3000:]
         out = j.output()

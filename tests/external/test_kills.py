@@ -43,7 +43,7 @@ def test_kill9_of_ranks_and_of_the_launcher_then_the_same_command(ref2, tmp_path
         os.kill(j.workers()[1], signal.SIGKILL)  # a rank dies mid-run
         # torchrun restarts the group; rank 0 of the new attempt is killed while it starts
         os.kill(j.wait_registered(attempt=1, n=2)[0], signal.SIGKILL)
-        j.wait_step(10, attempt=2)
+        j.wait_step(8, attempt=2)
         os.kill(j.pid, signal.SIGKILL)  # the launcher dies: its workers must not go on alone
         assert _wait_gone(j.pid) == [], "workers outlived their launcher"
     with job(args) as again:  # the same command resumes
@@ -74,11 +74,11 @@ def test_sigstop_of_rank0_and_rank1_and_kill_of_the_whole_job(ref2, tmp_path):
     with job(args) as j:
         j.wait_step(4)
         os.kill(j.workers()[0], signal.SIGSTOP)  # rank 0 hosts the store the ranks share
-        j.wait_step(9, attempt=1)
+        j.wait_step(7, attempt=1)
         os.killpg(j.pid, signal.SIGKILL)  # the whole job, as a node reboot would
         assert _wait_gone(j.pid) == []
     with job(args) as again:
-        again.wait_step(13)
+        again.wait_step(9)
         os.kill(again.workers()[1], signal.SIGSTOP)
         assert again.wait() == 0, again.output()[-3000:]
     assert_same_run(run, ref2, step=STEPS2)

@@ -46,7 +46,7 @@ def test_usr1_to_one_rank_and_sigterm_to_the_launcher_lose_no_step(ref2, tmp_pat
     assert (run / "checkpoints" / f"step_{first['step']:010d}" / "manifest.json").is_file()
 
     with job(args) as j:
-        assert j.wait_step(first["step"] + 4) > first["step"]
+        assert j.wait_step(first["step"] + 3) > first["step"]
         os.kill(j.pid, signal.SIGTERM)
         assert j.wait() == 128 + signal.SIGTERM, j.output()[-3000:]
         assert f"resuming from step {first['step']}" in j.output()
