@@ -28,3 +28,26 @@ def run_cli(*args: str, timeout: float = 120, env: dict | None = None,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def ref2(tmp_path_factory):
+    """An uninterrupted 2-rank ``trainpilot train`` run (tests/external/harness.py's command),
+    made once per session: the oracle every recovery through the CLI is compared with."""
+    from tests.external.harness import PLAN2, STEPS2, job, train_args
+
+    run_dir = tmp_path_factory.mktemp("ref") / "ref2"
+    with job(train_args(run_dir, steps=STEPS2, plan=PLAN2)) as j:
+        assert j.wait() == 0, j.output()[-3000:]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def ref4(tmp_path_factory):
+    """The same at 4 ranks."""
+    from tests.external.harness import PLAN4, STEPS4, job, train_args
+
+    run_dir = tmp_path_factory.mktemp("ref") / "ref4"
+    with job(train_args(run_dir, steps=STEPS4, plan=PLAN4)) as j:
+        assert j.wait() == 0, j.output()[-3000:]
+    return run_dir

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+STEPS2, STEPS4 = 12, 12  # the reference runs' lengths (tests/conftest.py)
 PLAN2 = "dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64"
 PLAN4 = "dp=4,zero=0,micro_batch_size=4,global_batch_size=16,seq_len=64"
 

@@ -119,7 +119,10 @@ def prepare(*, model: ModelSpec, plan: Plan, options: argparse.Namespace | dict 
         args.nproc_per_node = str(plan.world_size) if nnodes == 1 else "1"
     nproc = _nproc(args)
     world = nproc * nnodes if nproc is not None and nnodes is not None else None
-    check_runtime(model, plan, backend=default_backend(), world_size=world)
+    # A model transformers builds is checked by its factory (HFModel.check below), not
+    # against the reference GPT's feature list.
+    check_runtime(model if job.hf_config is None else None, plan, backend=default_backend(),
+                  world_size=world)
     if job.config.data != "markov":
         from trainpilot.runtime.trainer import make_dataset
 

@@ -24,6 +24,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -102,7 +103,14 @@ def set_determinism(seed: int, deterministic: bool, device: torch.device) -> Non
     if deterministic:
         if device.type == "cuda":
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        if "torch._inductor.config" in sys.modules:
+            torch.use_deterministic_algorithms(True)
+        else:
+            # What torch.use_deterministic_algorithms(True) does, without importing inductor
+            # for its config flag (0.8 s of every rank's start): the flag comes from the
+            # environment whenever inductor is imported (torch.compile in a user's model).
+            os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1"
+            torch._C._set_deterministic_algorithms(True)
 
 
 class Trainer:
@@ -173,8 +181,9 @@ class Trainer:
         factory = self.model_factory
         if hasattr(factory, "check"):
             factory.check(self.plan)
-        return build_layout(self.plan, model=self.spec, custom_model=(
-            factory is not None and not hasattr(factory, "parallelize")))
+        return build_layout(self.plan, model=self.spec if factory is None else None,
+                            custom_model=factory is not None
+                            and not hasattr(factory, "parallelize"))
 
     def _build(self, layout: Layout) -> None:
         """Model, optimizers, schedulers and comm hook on ``layout`` (again after a recovery)."""
