@@ -9,7 +9,7 @@ from trainpilot.perf.group import Group
 from trainpilot.plan import SearchSpace, search
 from trainpilot.plan.search import _Walk, is_duplicate
 from trainpilot.plan.space import splits
-from trainpilot.specs import check_job, load_cluster, load_model
+from trainpilot.specs import SpecError, check_job, load_cluster, load_model
 
 CASE = dict(model="llama3-8b", cluster="h100-sxm-x32", gbs=64, seq=4096)
 
@@ -134,3 +134,14 @@ def test_moe_search_uses_expert_parallelism():
     result = search(model, cluster, global_batch_size=256, seq_len=4096, top=3)
     assert len(result) == 3
     assert any(c.plan.ep > 1 for c in result)
+
+
+def test_a_precision_no_plan_trains_in_is_a_spec_error():
+    # The A100 lists an fp32 peak, so the device check passes; the Plan has no fp32 (it used
+    # to surface as pydantic's ValidationError rather than the one-line SpecError).
+    model, cluster = load_model("llama3-8b"), load_cluster("a100-80gb-x8")
+    with pytest.raises(SpecError, match="precision") as err:
+        search(model, cluster, global_batch_size=8, seq_len=2048, precision="fp32")
+    assert "bf16, fp16, fp8" in str(err.value)
+    with pytest.raises(SpecError, match="lists no"):  # the device's own check still comes first
+        search(model, cluster, global_batch_size=8, seq_len=2048, precision="int4")

@@ -56,10 +56,10 @@ class Estimator:
         curve = self.options.curve or curve_for(cluster)
         self.net = Network.of(cluster, curve.collective_library)
         self._moe = [model.is_moe_layer(i) for i in range(model.num_hidden_layers)]
-        self._devices: dict[str, Device] = {}
+        self._devices: dict[tuple[str, float | None, str | None], Device] = {}
         self._layers: dict[tuple, LayerCost] = {}
         self._spans: dict[tuple, dict[str, GroupSpan]] = {}
-        self._params: dict[tuple, RankParams] = {}
+        self._params: dict[tuple, list[RankParams]] = {}
         self._sigs: dict[tuple, _Sigs] = {}
         self._flops: dict[tuple, tuple[float, float]] = {}
         self._edge_cache: dict[tuple, tuple[float, float, float, float]] = {}
@@ -95,7 +95,7 @@ class Estimator:
         return Placement.build(tp=lay.tp, cp=lay.cp, dp=lay.dp, pp=lay.pp, ep=lay.ep,
                                etp=lay.etp, order=lay.rank_order,
                                devices_per_node=self.cluster.devices_per_node,
-                               nodes_per_rack=int(self.cluster.nodes_per_rack))
+                               nodes_per_rack=self.cluster.rack_nodes)
 
     def spans(self, lay: Layout) -> dict[str, GroupSpan]:
         key = (lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.dp_shard, lay.etp, lay.rank_order)
@@ -135,7 +135,9 @@ class Estimator:
             for i in range(p):
                 ids[i] += range(start, start + chunks[i][k])
                 start += chunks[i][k]
-        sigs, index, of_stage = [], {}, []
+        sigs: list[_Sig] = []
+        index: dict[tuple, int] = {}
+        of_stage: list[int] = []
         for i, stage in enumerate(ids):
             n_moe = sum(self._moe[j] for j in stage)
             # The same layer count, MoE count, chunk split and edge role cost the same.

@@ -73,7 +73,7 @@ def attention_params(model: ModelSpec) -> int:
         kv_b = m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)
         out = a * m.v_head_dim * h
         return q + kv_a + kv_b + out
-    d, kv = int(model.head_dim), model.kv_heads
+    d, kv = model.head_size, model.kv_heads
     weights = h * a * d + 2 * h * kv * d + a * d * h
     biases = (a * d + 2 * kv * d + h) if model.bias else 0
     return weights + biases
@@ -92,9 +92,9 @@ def layer_params(model: ModelSpec, index: int) -> LayerParams:
     attn = attention_params(model)
     norms = 2 * _norm_params(model)
     if model.qk_norm:  # one RMSNorm weight of head_dim each on queries and keys (Qwen3)
-        norms += 2 * int(model.head_dim)
+        norms += 2 * model.head_size
     if not model.is_moe_layer(index):
-        dense = mlp_params(model, int(model.intermediate_size))
+        dense = mlp_params(model, model.ffn_size)
         return LayerParams(attn, dense, dense, norms)
     moe = model.moe
     assert moe is not None
@@ -137,7 +137,7 @@ def _score_dims(model: ModelSpec) -> tuple[int, int]:
     if model.mla is not None:
         m = model.mla
         return a * (m.qk_nope_head_dim + m.qk_rope_head_dim), a * m.v_head_dim
-    d = int(model.head_dim)
+    d = model.head_size
     return a * d, a * d
 
 
@@ -162,7 +162,7 @@ def _matmul_weights_attention(model: ModelSpec) -> int:
     if model.mla is not None:
         return params - (model.mla.q_lora_rank + model.mla.kv_lora_rank)
     if model.bias:
-        a, d, kv, h = model.num_attention_heads, int(model.head_dim), model.kv_heads, model.hidden_size
+        a, d, kv, h = model.num_attention_heads, model.head_size, model.kv_heads, model.hidden_size
         params -= a * d + 2 * kv * d + h
     return params
 
@@ -171,7 +171,7 @@ def _matmul_weights_mlp(model: ModelSpec, index: int, layer: LayerParams) -> int
     """Active MLP GEMM weights (routed top-k + shared + router) without biases."""
     if not model.bias:
         return layer.mlp_active
-    width = int(model.intermediate_size)  # biased models here are dense GPT-style
+    width = model.ffn_size  # biased models here are dense GPT-style
     return layer.mlp_active - (width + model.hidden_size)
 
 

@@ -127,7 +127,7 @@ class EfficiencyCurve:
         return self.flash_attention_efficiency
 
     def replace(self, **changes: Any) -> EfficiencyCurve:
-        data = dict(name=self.name, gemm_points=self.gemm_points,
+        data: dict[str, Any] = dict(name=self.name, gemm_points=self.gemm_points,
                     flash_attention_efficiency=self.flash_attention_efficiency,
                     hbm_efficiency=self.hbm_efficiency, host_us_per_kernel=self.host_us_per_kernel,
                     host_us_per_collective=self.host_us_per_collective,

@@ -157,10 +157,10 @@ def _attention_gemms(model: ModelSpec, tp: int) -> list[tuple[float, float]]:
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
         q = [(m.q_lora_rank, h), (a * qk / tp, m.q_lora_rank)] if m.q_lora_rank else \
             [(a * qk / tp, h)]
-        kv = [(m.kv_lora_rank + m.qk_rope_head_dim, h),
-              (a * (m.qk_nope_head_dim + m.v_head_dim) / tp, m.kv_lora_rank)]
-        return q + kv + [(h, a * m.v_head_dim / tp)]
-    d, kv = int(model.head_dim), model.kv_heads
+        kv_gemms = [(m.kv_lora_rank + m.qk_rope_head_dim, h),
+                    (a * (m.qk_nope_head_dim + m.v_head_dim) / tp, m.kv_lora_rank)]
+        return q + kv_gemms + [(h, a * m.v_head_dim / tp)]
+    d, kv = model.head_size, model.kv_heads
     return [((a + 2 * kv) * d / tp, h), (h, a * d / tp)]
 
 
@@ -169,7 +169,7 @@ def _head_dims(model: ModelSpec) -> tuple[int, int, int]:
     if model.mla is not None:
         m = model.mla
         return m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, model.num_attention_heads
-    d = int(model.head_dim)
+    d = model.head_size
     return d, d, model.kv_heads
 
 
@@ -328,7 +328,7 @@ def _activation_bytes(model: ModelSpec, moe_layer: bool, st: LayerSetup, m: floa
         if moe.num_shared_experts:
             sharded += m * moe.shared_width * per_width / t
     else:
-        sharded += m * int(model.intermediate_size) * per_width / t
+        sharded += m * model.ffn_size * per_width / t
     b = st.micro_batch_size
     if st.flash_attention:
         scores = 4.0 * b * (a / t) * s_loc  # fp32 log-sum-exp per query row

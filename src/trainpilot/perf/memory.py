@@ -16,6 +16,7 @@ state is sharded over (dp x cp; dp x cp / ep for expert parameters):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from trainpilot.perf.flops import attention_params, mlp_params
@@ -59,7 +60,7 @@ def layer_rank_params(model: ModelSpec, index: int, tp: int, ep: int) -> tuple[f
     norms = 2 * h * (2 if model.norm == "layernorm" else 1)
     dense = attention_params(model) / tp + norms
     if not model.is_moe_layer(index):
-        return dense + mlp_params(model, int(model.intermediate_size)) / tp, 0.0
+        return dense + mlp_params(model, model.ffn_size) / tp, 0.0
     moe = model.moe
     assert moe is not None
     shared = mlp_params(model, moe.shared_width) / tp if moe.num_shared_experts else 0.0
@@ -68,7 +69,7 @@ def layer_rank_params(model: ModelSpec, index: int, tp: int, ep: int) -> tuple[f
     return dense + shared + router, expert
 
 
-def stage_rank_params(model: ModelSpec, layer_ids: range, *, tp: int, ep: int, first: bool,
+def stage_rank_params(model: ModelSpec, layer_ids: Iterable[int], *, tp: int, ep: int, first: bool,
                       last: bool, pp: int) -> RankParams:
     """Parameters on one rank of the pipeline stage holding ``layer_ids`` (the embedding on
     the first stage, the final norm and output layer on the last; with tied embeddings and

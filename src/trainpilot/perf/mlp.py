@@ -78,7 +78,7 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         bwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp), backward=True)
 
     if not moe_layer:
-        dense(m, int(model.intermediate_size), st.tp)
+        dense(m, model.ffn_size, st.tp)
         return MlpComm(0.0, 0.0)
     moe = model.moe
     assert moe is not None

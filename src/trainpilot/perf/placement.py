@@ -176,7 +176,7 @@ class Placement:
         return cls.build(tp=plan.tp, cp=plan.cp, dp=plan.dp, pp=plan.pp, ep=plan.ep,
                          etp=plan.etp, order=plan.rank_order,
                          devices_per_node=cluster.devices_per_node,
-                         nodes_per_rack=int(cluster.nodes_per_rack))
+                         nodes_per_rack=cluster.rack_nodes)
 
     @property
     def world(self) -> int:
@@ -210,10 +210,10 @@ class Placement:
         groups (``ep``: ignored, the placement knows it)."""
         out = dict(tp=self.span("tp"), cp=self.span("cp"), pp=self.span("pp"),
                    dp=self.span("cp", "dp_ep", "dp"))
-        etp, ep, edp = self.expert_digits()
-        out["ep"] = self.span_of(ep)
-        out["etp"] = self.span_of(etp)
-        out["expert_dp"] = self.span_of(edp)
+        etp_digits, ep_digits, edp_digits = self.expert_digits()
+        out["ep"] = self.span_of(ep_digits)
+        out["etp"] = self.span_of(etp_digits)
+        out["expert_dp"] = self.span_of(edp_digits)
         return out
 
     def sub_span(self, axes: tuple[str, ...], count: int, *, stride_part: bool) -> GroupSpan:

@@ -19,6 +19,7 @@ Physical meaning of each term (docs/cost_model.md, "Runtime profiles"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from trainpilot.specs import ModelSpec, Plan
 
@@ -78,7 +79,7 @@ def grad_bytes(plan: Plan) -> int:
 def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
     """The plan's runtime for ``model``; non-None ``CostOptions`` fields override it."""
     prof = plan.runtime
-    rt = dict(
+    rt: dict[str, Any] = dict(
         stack=prof.stack, flash_attention=bool(prof.resolved("flash_attention")),
         fused=bool(prof.resolved("fused_kernels")), compile=prof.compile,
         host_us=prof.host_us_per_kernel, tp_overlap=bool(prof.resolved("tp_comm_overlap")),

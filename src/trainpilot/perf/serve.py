@@ -172,7 +172,7 @@ class PassCost:
     def reason(self) -> str:
         """The category with the most time: compute, HBM (weights or KV), TP collectives,
         all-to-all, or overhead (launch gaps and host time)."""
-        return max(self.seconds, key=self.seconds.get)
+        return max(self.seconds, key=lambda category: self.seconds[category])
 
     def add(self, category: str, seconds: float, times: float = 1.0) -> None:
         self.seconds[category] += seconds * times
@@ -225,7 +225,7 @@ def _hw(cluster: ClusterSpec, plan: ServePlan, eff: ServeEfficiency) -> _Hw:
         hbm_bw=hbm * eff.hbm_efficiency, hbm_bytes=dev.hbm_gib * GIB,
         reserved_bytes=curve.reserved_gib * GIB,
         net=Network.of(cluster, curve.collective_library),
-        devices_per_node=cluster.devices_per_node, nodes_per_rack=int(cluster.nodes_per_rack),
+        devices_per_node=cluster.devices_per_node, nodes_per_rack=cluster.rack_nodes,
         prefill_attn_eff=(eff.prefill_attention_efficiency
                           if eff.prefill_attention_efficiency is not None
                           else curve.flash_attention_efficiency),
@@ -293,7 +293,7 @@ def kv_bytes_per_token(model: ModelSpec, layout: InstanceLayout, kv_dtype: str) 
     if model.mla is not None:
         return model.num_layers * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * b
     per_device = math.ceil(model.kv_heads / layout.tp)
-    return model.num_layers * 2 * per_device * int(model.head_dim) * b
+    return model.num_layers * 2 * per_device * model.head_size * b
 
 
 def weight_bytes_per_device(model: ModelSpec, layout: InstanceLayout, weight_dtype: str) -> float:
@@ -309,6 +309,7 @@ def weight_bytes_per_device(model: ModelSpec, layout: InstanceLayout, weight_dty
         total += attn
         if model.is_moe_layer(i):
             moe = model.moe
+            assert moe is not None  # an MoE layer implies the MoE spec
             expert = mlp_params(model, moe.expert_intermediate_size)
             local = (moe.num_experts + layout.num_redundant_experts) / layout.ep
             total += local * expert * wb / layout.expert_tp
@@ -316,7 +317,7 @@ def weight_bytes_per_device(model: ModelSpec, layout: InstanceLayout, weight_dty
                 total += mlp_params(model, moe.shared_width) * wb / t
             total += model.hidden_size * moe.num_experts * 2.0
         else:
-            total += mlp_params(model, int(model.intermediate_size)) * wb / t
+            total += mlp_params(model, model.ffn_size) * wb / t
     return total
 
 
@@ -327,7 +328,7 @@ def _attention_dims(model: ModelSpec, decode: bool) -> tuple[int, int]:
         if decode:
             return m.kv_lora_rank + m.qk_rope_head_dim, m.kv_lora_rank
         return m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-    return int(model.head_dim), int(model.head_dim)
+    return model.head_size, model.head_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,6 +384,7 @@ def _layer(model: ModelSpec, layout: InstanceLayout, plan: ServePlan, hw: _Hw,
     a2a = 0.0
     if moe_layer:
         moe = model.moe
+        assert moe is not None  # an MoE layer implies the MoE spec
         expert = mlp_params(model, moe.expert_intermediate_size)
         tokens = d * rows  # distinct tokens in the instance
         imbalance = plan.moe_imbalance if plan.moe_imbalance is not None else eff.moe_imbalance
@@ -406,19 +408,20 @@ def _layer(model: ModelSpec, layout: InstanceLayout, plan: ServePlan, hw: _Hw,
                    + _all_to_all_s(hw, layout.num_devices, tokens_dev, moe.top_k, h * 2.0,
                                    dedup=bool(shape.prefill_rows)))
     else:
-        _gemm(cost, hw, rows, mlp_params(model, int(model.intermediate_size)) / t, wb, pieces=3)
+        _gemm(cost, hw, rows, mlp_params(model, model.ffn_size) / t, wb, pieces=3)
     # Memory-bound kernels on the activations (16-bit): two norms (read + write h), two
     # residual adds (read 2h, write h), the attention and MLP intermediates written and read
     # back once, and for MoE the permute / un-permute of the k copies and their weighted sum.
     attn_dim = (heads * sum(_attention_dims(model, decode=False))
-                + 2 * math.ceil(model.kv_heads / t) * int(model.head_dim))
+                + 2 * math.ceil(model.kv_heads / t) * model.head_size)
     if moe_layer:
         moe = model.moe
+        assert moe is not None  # an MoE layer implies the MoE spec
         width = (moe.top_k * moe.expert_intermediate_size / layout.expert_tp
                  + moe.shared_width / t)
         extra = 6 * moe.top_k * h * (d / layout.ep if d > 1 else 1.0)
     else:
-        width, extra = int(model.intermediate_size) / t, 0.0
+        width, extra = model.ffn_size / t, 0.0
     act_bytes = rows * 2.0 * (10 * h + 2 * attn_dim + 6 * width + extra)
     cost.add("hbm_activations", act_bytes / hw.hbm_bw)
     cost.hbm_bytes += act_bytes

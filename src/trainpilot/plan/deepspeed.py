@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from trainpilot.specs import ModelSpec, Plan, SpecError
+from trainpilot.specs import ModelSpec, MoESpec, Plan, SpecError
 
 
 def deepspeed_config(plan: Plan, model: ModelSpec) -> dict:
@@ -56,7 +56,7 @@ def deepspeed_config(plan: Plan, model: ModelSpec) -> dict:
                         "over ep*tp; valid: tp=1 for an MoE model")
     if model.moe is not None and plan.ep > 1:
         config["expert_parallel"] = {"enabled": True, "autoep_size": plan.ep,
-                                     "preset_model": _ep_preset(model)}
+                                     "preset_model": _ep_preset(model, model.moe)}
     if plan.recompute == "full":
         notes.append("recompute=full: call model.gradient_checkpointing_enable() (HF) before "
                      "deepspeed.initialize")
@@ -83,9 +83,8 @@ def _zero(plan: Plan) -> dict:
     return zero
 
 
-def _ep_preset(model: ModelSpec) -> str:
-    """DeepSpeed AutoEP's preset for the model's MoE layers (its HF architecture)."""
-    moe = model.moe
+def _ep_preset(model: ModelSpec, moe: MoESpec) -> str:
+    """DeepSpeed AutoEP's preset for the model's MoE layers ``moe`` (its HF architecture)."""
     if model.mla is not None and moe.router_score == "sigmoid":
         return "deepseek_v3"
     if model.qk_norm and not moe.num_shared_experts:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from trainpilot.specs import ModelSpec, Plan, SpecError
+from trainpilot.specs import ModelSpec, MoESpec, Plan, SpecError
 from trainpilot.specs.job import virtual_stage_layers
 
 # Megatron's Llama 3 RoPE scaling has these fixed (rotary_pos_embedding._apply_scaling), and
@@ -132,7 +132,7 @@ def _stage_args(plan: Plan, model: ModelSpec) -> list[tuple[str, object]]:
     and that layer comes off its outer chunk (Llama 3 405B); ``--pipeline-model-parallel-layout``
     for any other short outer chunk."""
     first, last = plan.pp_first_stage_layers, plan.pp_last_stage_layers
-    edges = [(f, n) for f, n in (("--decoder-first-pipeline-num-layers", first),
+    edges: list[tuple[str, object]] = [(f, n) for f, n in (("--decoder-first-pipeline-num-layers", first),
                                  ("--decoder-last-pipeline-num-layers", last)) if n is not None]
     if plan.vp == 1 or not edges:
         out: list[tuple[str, object]] = []
@@ -165,8 +165,8 @@ def _model_args(out: MegatronExport, model: ModelSpec) -> None:
         if model.kv_heads != model.num_attention_heads:
             add("--group-query-attention")
             add("--num-query-groups", model.kv_heads)
-        if model.head_dim * model.num_attention_heads != model.hidden_size:
-            add("--kv-channels", model.head_dim)
+        if model.head_size * model.num_attention_heads != model.hidden_size:
+            add("--kv-channels", model.head_size)
     if model.activation == "swiglu":
         add("--swiglu")
     add("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
@@ -179,7 +179,7 @@ def _model_args(out: MegatronExport, model: ModelSpec) -> None:
         add("--untie-embeddings-and-output-weights")
     _position_args(out, model)
     if model.moe is not None:
-        _moe_args(out, model)
+        _moe_args(out, model, model.moe)
     if model.mla is not None:
         mla = model.mla
         add("--multi-latent-attention")
@@ -239,8 +239,7 @@ def _check_fixed(scaling, fixed: dict[str, float], what: str) -> None:
                             f"Megatron's {what} has it fixed at {value:g}; valid: {value:g}")
 
 
-def _moe_args(out: MegatronExport, model: ModelSpec) -> None:
-    moe = model.moe
+def _moe_args(out: MegatronExport, model: ModelSpec, moe: MoESpec) -> None:
     add = out.add
     add("--num-experts", moe.num_experts)
     add("--moe-router-topk", moe.top_k)

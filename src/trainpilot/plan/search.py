@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from trainpilot.perf import CostOptions, Estimator, Layout, Prediction, predict
 from trainpilot.perf.group import Group
@@ -32,6 +32,7 @@ from trainpilot.plan.space import (
     tp_options,
 )
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, RuntimeProfile, SpecError
+from trainpilot.specs.plan import PRECISIONS, PpSchedule, Precision, Recompute, ZeroStage
 
 GIB = 2.0**30
 
@@ -137,11 +138,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     start = time.perf_counter()
     space = space or SearchSpace()
     _check_args(model, cluster, global_batch_size, seq_len, top, headroom, precision)
+    plan_precision = _training_precision(precision)
     est = Estimator(model, cluster, options)
     limit = est.device(precision).hbm_bytes * (1.0 - headroom)
     runtime = runtime or RuntimeProfile()
-    template = Plan(global_batch_size=global_batch_size, seq_len=seq_len, precision=precision,
-                    runtime=runtime)
+    template = Plan(global_batch_size=global_batch_size, seq_len=seq_len,
+                    precision=plan_precision, runtime=runtime)
     rt = resolve(model, template, est.options)
     entries, walks = [], []
     for idle in idle_options(cluster, space):
@@ -191,6 +193,15 @@ def _check_args(model: ModelSpec, cluster: ClusterSpec, gbs: int, seq_len: int, 
                         f"{', '.join(cluster.device.peak_tflops)}")
 
 
+def _training_precision(precision: str) -> Precision:
+    """``precision`` as a Plan precision; SpecError for one no Plan trains in (a device may
+    list more peaks, such as fp32)."""
+    for valid in PRECISIONS:
+        if precision == valid:
+            return valid
+    raise SpecError("precision", precision, f"valid: {', '.join(PRECISIONS)}")
+
+
 class _Walk:
     """The enumeration: groups of layouts that share (tp, cp, pp, split, ep, micro-batch) are
     checked against memory with their most memory-saving variant, bounded below in time, and
@@ -209,7 +220,7 @@ class _Walk:
         self.closest: tuple[float, Layout] | None = None  # smallest peak seen (nothing fits)
         self.sps = tuple(space.sequence_parallel)
         self.most_saving = _most_saving(space.recompute)
-        self.coarse: dict[tuple, float] = {}
+        self.coarse: dict[tuple, tuple[float, float]] = {}
 
     def run(self) -> None:
         """Best-first over three kinds of queue entries: families (tp, cp, pp, split, ep)
@@ -383,10 +394,11 @@ class _Walk:
             return math.inf
         fits = set(range(max(fit_last.values()) + 1))
         if last_fits:
+            assert single is not None  # only the single-micro-batch size fills last_fits
             fits.add(single)
+            for mode in last_fits:  # the bound below uses the largest size each mode reaches
+                fit_last[mode] = single
         info["fit"] = sorted(fits)
-        for mode in last_fits:  # the bound below uses the largest size each mode reaches
-            fit_last[mode] = single
         bound = math.inf
         per_replica = self.gbs / base["dp"]
         for mode, last in fit_last.items():
@@ -526,11 +538,15 @@ def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = 
     counts = lay.stage_layers
     if lay.pp > 1 and len(set(counts)) > 1:
         first, last = counts[0], counts[-1]
-    return Plan(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, cp=lay.cp, vp=lay.vp, zero=lay.zero,
-                micro_batch_size=lay.micro_batch_size, global_batch_size=lay.global_batch_size,
-                seq_len=lay.seq_len, recompute=lay.recompute,
-                sequence_parallel=lay.sequence_parallel, precision=lay.precision,
-                pp_schedule=lay.schedule, pp_first_stage_layers=first,
+    # A Layout holds a plan's enumerated fields as plain values (taken from a Plan or from the
+    # search's own enumerations); the Plan validates them again.
+    return Plan(tp=lay.tp, pp=lay.pp, dp=lay.dp, ep=lay.ep, cp=lay.cp, vp=lay.vp,
+                zero=cast(ZeroStage, lay.zero), micro_batch_size=lay.micro_batch_size,
+                global_batch_size=lay.global_batch_size, seq_len=lay.seq_len,
+                recompute=cast(Recompute, lay.recompute),
+                sequence_parallel=lay.sequence_parallel,
+                precision=cast(Precision, lay.precision),
+                pp_schedule=cast(PpSchedule, lay.schedule), pp_first_stage_layers=first,
                 pp_last_stage_layers=last, runtime=runtime or RuntimeProfile(), etp=lay.etp,
                 idle_devices=idle_devices)
 

@@ -75,7 +75,7 @@ def tp_options(model: ModelSpec, cluster: ClusterSpec, space: SearchSpace | None
     one node unless ``space.tp_across_nodes`` (a TP group that straddles nodes runs its
     per-layer collectives over the network)."""
     space = space or SearchSpace()
-    widths = [model.num_attention_heads, int(model.intermediate_size)]
+    widths = [model.num_attention_heads, model.ffn_size]
     if model.mla is None:
         widths.append(model.kv_heads)
     if model.moe is not None:

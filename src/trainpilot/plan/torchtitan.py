@@ -73,7 +73,8 @@ def torchtitan_config(plan: Plan, model: ModelSpec, *, function: str = "trainpil
                         "parallelism (deepseek_v3/mtp.py); valid: pp=1 and cp=1")
     notes: list[str] = []
     sets = _parallelism(plan, model, notes)
-    if plan.pp > 1 or any(k == "parallelism.expert_parallel_degree" and v > 1 for k, v in sets):
+    if plan.pp > 1 or any(k == "parallelism.expert_parallel_degree" and isinstance(v, int) and v > 1
+                           for k, v in sets):
         # Trainer.Config refuses CUDA graphs with PP and with the all-to-all EP dispatcher.
         sets.append(("training.disable_cuda_graphs", True))
     if plan.pp > 1:

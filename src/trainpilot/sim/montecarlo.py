@@ -327,11 +327,15 @@ def evaluate(blocks: list[Windows], ckpt: CheckpointSpec, interval_min: float) -
         part["productive"] = part["kept"]
         part["lost_progress"] = part["work"] - part["kept"]
         for key in ("productive",) + BADPUT_KEYS:
-            acc.setdefault(key, []).append(part[key] if key in part.get("summed", ())
+            acc.setdefault(key, []).append(part[key] if key in _SUMMED
                                            else tot(part[key]))
     return Walk({k: np.concatenate(v) for k, v in acc.items()},
                 np.concatenate([w.interruptions for w in blocks]),
                 np.concatenate([w.retries for w in blocks]))
+
+
+# The categories ``_split`` already totals per trial (the others are per window).
+_SUMMED = ("detection", "spare_wait", "restart", "restore", "retry", "checkpoint_stall")
 
 
 def _split(w: Windows, ckpt: CheckpointSpec, interval_min: float) -> dict[str, np.ndarray]:
@@ -352,8 +356,6 @@ def _split(w: Windows, ckpt: CheckpointSpec, interval_min: float) -> dict[str, n
     done = np.floor(r / s)
     work = done * tau + np.minimum(r - done * s, tau)
     out["checkpoint_stall"] = tot(r - work)
-    out["summed"] = ("detection", "spare_wait", "restart", "restore", "retry",
-                     "checkpoint_stall")
     out["work"] = work
     durable = np.maximum(np.floor((r - ckpt.durable_s / 3600.0) / s), 0.0)
     if ckpt.in_memory_peer:
@@ -443,12 +445,13 @@ def monte_carlo(job: AvailabilityJob, failures: FailureModel, ckpt: CheckpointSp
         best = mc_optimal_interval(subset, job, failures, ckpt,
                                    center_min=_closed_form_center(job, failures, ckpt, rec))
     badput = {k: float(w.acc[k].mean()) for k in BADPUT_KEYS}
+    low95, high95 = np.percentile(ettr, [2.5, 97.5])
     return AvailabilityResult(
         engine="monte_carlo", ettr=mean, ettr_ci95=(mean - half, mean + half),
         interruptions=float(w.interruptions.mean()), lost_work_h=badput["lost_progress"],
         badput_h=badput, optimal_interval_min=best, mtbf_h=failures.mtbf_h(job.num_nodes),
         horizon_h=horizon, interval_min=ckpt.interval_min, retries=float(w.retries.mean()),
-        ettr_range95=tuple(float(x) for x in np.percentile(ettr, [2.5, 97.5])),
+        ettr_range95=(float(low95), float(high95)),
         num_trials=num_trials,
     )
 

@@ -74,7 +74,7 @@ class Oversubscription:
 
     def apply(self, cluster: ClusterSpec) -> ClusterSpec:
         """``cluster`` with its racks set to the domains and the tier between them tapered."""
-        per_rack = self.domain_nodes or int(cluster.nodes_per_rack)
+        per_rack = self.domain_nodes or cluster.rack_nodes
         per_rack = min(per_rack, cluster.num_nodes)
         if self.ratio == 1.0 and per_rack == cluster.nodes_per_rack:
             return cluster

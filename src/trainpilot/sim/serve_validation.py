@@ -158,12 +158,12 @@ def summarize(results: list[ServeResult]) -> dict[str, Any]:
     by_source: dict[str, list[ServeResult]] = {}
     for r in results:
         by_source.setdefault(r.case.source, []).append(r)
-    out = {"sources": {s: dict(stats(rows), split=rows[0].case.split)
-                       for s, rows in by_source.items()}}
+    out: dict[str, Any] = {"sources": {s: {**stats(rows), "split": rows[0].case.split}
+                                       for s, rows in by_source.items()}}
     for split in ("calibration", "held_out"):
         rows = [r for r in results if r.case.split == split]
         if rows:
-            out[split] = dict(stats(rows), num_sources=len({r.case.source for r in rows}))
+            out[split] = {**stats(rows), "num_sources": len({r.case.source for r in rows})}
     held = out.get("held_out", {}).get("mean_abs_error", 1.0)
     out.update(gate=HELD_OUT_GATE, target=HELD_OUT_TARGET, passed=held <= HELD_OUT_GATE,
                target_met=held <= HELD_OUT_TARGET)

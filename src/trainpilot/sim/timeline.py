@@ -16,6 +16,7 @@ the cost model's ``StageCost``; ``from_prediction`` adapts a ``perf.predict`` re
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from collections import deque
@@ -166,7 +167,7 @@ class _Engine:
 
     def run(self) -> None:
         for r in range(self.spec.pp):
-            self.at(0.0, lambda r=r: self.try_start(r))
+            self.at(0.0, functools.partial(self.try_start, r))
         while self.heap:
             self.now, _, action = heapq.heappop(self.heap)
             action()

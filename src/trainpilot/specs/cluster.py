@@ -104,8 +104,15 @@ class ClusterSpec(Spec):
         return self.devices_per_node * self.num_nodes
 
     @property
+    def rack_nodes(self) -> int:
+        """Nodes per rack (``nodes_per_rack``, filled in by the validator)."""
+        if self.nodes_per_rack is None:
+            raise RuntimeError("ClusterSpec.nodes_per_rack is unset: build specs with validation")
+        return self.nodes_per_rack
+
+    @property
     def num_racks(self) -> int:
-        return math.ceil(self.num_nodes / int(self.nodes_per_rack))
+        return math.ceil(self.num_nodes / self.rack_nodes)
 
     @property
     def inter_rack(self) -> LinkSpec:

@@ -133,7 +133,7 @@ def check_job(model: ModelSpec, cluster: ClusterSpec | None, plan: Plan) -> None
             "plan.tp", plan.tp,
             f"does not divide num_key_value_heads={kv}; valid: {_divisors(kv)}",
         )
-    if int(model.intermediate_size) % plan.tp:
+    if model.ffn_size % plan.tp:
         raise SpecError("plan.tp", plan.tp,
                         f"does not divide intermediate_size={model.intermediate_size}")
     if model.moe:

@@ -92,6 +92,8 @@ def _load(cls: type[T], ref: Ref, *, doc: str, preset: dict[str, Any] | None,
         return ref
     if isinstance(ref, dict):
         return validate(cls, ref, doc=doc)
+    if isinstance(ref, Spec):
+        raise TypeError(f"{doc}: expected a {cls.__name__}, got a {type(ref).__name__}")
     text = os.fspath(ref)
     if preset is not None:
         return validate(cls, preset, doc=doc, source=text)
@@ -111,8 +113,8 @@ def _load(cls: type[T], ref: Ref, *, doc: str, preset: dict[str, Any] | None,
 
 def load_model(ref: Ref) -> ModelSpec:
     """A ModelSpec from a preset name, a YAML/JSON file or a Hugging Face config.json."""
-    key = ref if isinstance(ref, str) else None
-    return _load(ModelSpec, ref, doc="model", preset=presets.MODELS.get(key),
+    preset = presets.MODELS.get(ref) if isinstance(ref, str) else None
+    return _load(ModelSpec, ref, doc="model", preset=preset,
                  valid_presets=list(presets.MODELS))
 
 
@@ -131,8 +133,8 @@ def load_plan(ref: Ref) -> Plan:
 
 def load_job(ref: Ref) -> TrainJob:
     """A TrainJob from a preset name or a YAML/JSON file whose documents may be presets."""
-    key = ref if isinstance(ref, str) else None
-    return _load(TrainJob, ref, doc="job", preset=presets.JOBS.get(key),
+    preset = presets.JOBS.get(ref) if isinstance(ref, str) else None
+    return _load(TrainJob, ref, doc="job", preset=preset,
                  valid_presets=list(presets.JOBS))
 
 

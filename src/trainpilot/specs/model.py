@@ -154,7 +154,18 @@ class ModelSpec(Spec):
 
     @property
     def kv_heads(self) -> int:
-        return int(self.num_key_value_heads)  # filled by the validator
+        return _filled(self.num_key_value_heads, "num_key_value_heads")
+
+    @property
+    def head_size(self) -> int:
+        """Width of one attention head (``head_dim``, filled in by the validator)."""
+        return _filled(self.head_dim, "head_dim")
+
+    @property
+    def ffn_size(self) -> int:
+        """Width of the dense feed-forward block (``intermediate_size``, filled in by the
+        validator)."""
+        return _filled(self.intermediate_size, "intermediate_size")
 
     @property
     def is_moe(self) -> bool:
@@ -183,3 +194,10 @@ class ModelSpec(Spec):
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_hidden_layers))
+
+
+def _filled(value: int | None, field: str) -> int:
+    """A ModelSpec field its validator fills in; None only on an unvalidated instance."""
+    if value is None:
+        raise RuntimeError(f"ModelSpec.{field} is unset: build specs with validation")
+    return value

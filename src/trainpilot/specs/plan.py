@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import pydantic
 from pydantic import NonNegativeInt, PositiveFloat, PositiveInt
@@ -15,6 +15,12 @@ from trainpilot.specs.runtime import RuntimeProfile
 # replica close together, data-parallel replicas outermost); "tp-cp-ep-dp-pp": Megatron-Core's
 # default RankGenerator order (data-parallel groups compact, pipeline stages outermost).
 RANK_ORDERS = ("tp-cp-ep-pp-dp", "tp-cp-ep-dp-pp")
+# The values of Plan's enumerated fields, named for the code that builds plans from plain values.
+ZeroStage = Literal[0, 1, 2, 3]
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp8"]
+PpSchedule = Literal["1f1b", "gpipe", "interleaved", "zero_bubble"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 
 class CommOptions(Spec):
@@ -57,15 +63,15 @@ class Plan(Spec):
     etp: PositiveInt | None = None
     cp: PositiveInt = 1
     vp: PositiveInt = 1  # interleaved virtual stages per pipeline rank
-    zero: Literal[0, 1, 2, 3] = 1  # 1: distributed optimizer; 3: FSDP full shard
+    zero: ZeroStage = 1  # 1: distributed optimizer; 3: FSDP full shard
     dp_shard: PositiveInt | None = None  # HSDP: shard within groups of this many dp ranks
     micro_batch_size: PositiveInt = 1
     global_batch_size: PositiveInt  # sequences per optimizer step
     seq_len: PositiveInt
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Recompute = "none"
     sequence_parallel: bool = False
-    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
-    pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zero_bubble"] | None = None
+    precision: Precision = "bf16"
+    pp_schedule: PpSchedule | None = None
     # Uneven pipelines: layers on the first / last stage (Megatron's
     # --decoder-first/last-pipeline-num-layers); the rest split evenly.
     pp_first_stage_layers: NonNegativeInt | None = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 from trainpilot.perf.hardware import EfficiencyCurve
 from trainpilot.perf.validation.cases import CALIBRATION, Case
@@ -31,10 +32,22 @@ from trainpilot.perf.validation.runner import run
 
 FIT_MIN_LOG10 = 11.0
 CALIBRATION_STACK = "megatron-legacy"  # the stack of the vTrain calibration rows
+
+
+class CalibrationSetup(TypedDict):
+    """What one curve is fitted to and which of its parameters are free."""
+
+    datasets: tuple[str, ...]
+    fit_min_log10: float
+    flash: bool
+    hbm_host: bool
+    scale: NotRequired[bool]
+
+
 # The datasets each curve is fitted to, the GEMM sizes it frees, and whether the FlashAttention
 # factor is fitted too (only where the calibration rows use flash attention) and the HBM share
 # and host time (only where small models make them identifiable).
-CALIBRATION_SOURCES = {
+CALIBRATION_SOURCES: dict[str, CalibrationSetup] = {
     "a100": dict(datasets=("vtrain_single", "vtrain_multi"), fit_min_log10=11.0, flash=False,
                  hbm_host=True),
     # H100: one factor on the whole measured (OpenXLA, short-burst) GEMM table - the sustained
@@ -149,8 +162,9 @@ def calibrate(cases: list[Case], base: EfficiencyCurve, *, max_evals: int = 800,
     """Fit ``base`` to its calibration rows among ``cases`` (the others are ignored)."""
     from scipy.optimize import minimize
 
-    setup = CALIBRATION_SOURCES.get(base.name, dict(datasets=(), fit_min_log10=FIT_MIN_LOG10,
-                                                    flash=False, hbm_host=True))
+    fallback = CalibrationSetup(datasets=(), fit_min_log10=FIT_MIN_LOG10, flash=False,
+                                hbm_host=True)
+    setup = CALIBRATION_SOURCES.get(base.name, fallback)
     lo = setup["fit_min_log10"] if fit_min_log10 is None else fit_min_log10
     flash, hbm_host, scale = setup["flash"], setup["hbm_host"], setup.get("scale", False)
     rows = calibration_rows(cases, base.name) if base.name in CALIBRATION_SOURCES else \

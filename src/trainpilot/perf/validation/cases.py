@@ -26,13 +26,21 @@ from trainpilot.perf.memory import layer_rank_params
 from trainpilot.perf.options import CostOptions
 from trainpilot.perf.validation import vtrain
 from trainpilot.perf.validation.sources import load_sources
-from trainpilot.specs import ClusterSpec, ModelSpec, Plan, load_cluster, load_model
+from trainpilot.specs import (
+    ClusterSpec,
+    CommOptions,
+    ModelSpec,
+    Plan,
+    RuntimeProfile,
+    load_cluster,
+    load_model,
+)
 
 CALIBRATION, DEVELOPMENT, HELD_OUT = "calibration", "development", "held_out"
 SPLITS = (CALIBRATION, DEVELOPMENT, HELD_OUT)
 NO_OPTIONS = CostOptions()
 # The software of 2021-2022 Megatron(-DeepSpeed): unfused attention, dropout 0.1, no overlap.
-LEGACY_RUNTIME = dict(stack="megatron-legacy")
+LEGACY_RUNTIME = RuntimeProfile(stack="megatron-legacy")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +102,7 @@ def narayanan_cases() -> list[Case]:
     for params, heads, hidden, layers, tp, pp, gpus, batch, tflops in data["rows"]:
         plan = Plan(tp=tp, pp=pp, dp=gpus // (tp * pp), micro_batch_size=1,
                     global_batch_size=batch, seq_len=2048, recompute="full", precision="fp16",
-                    zero=0, comm=dict(overlap=False), runtime=LEGACY_RUNTIME)
+                    zero=0, comm=CommOptions(overlap=False), runtime=LEGACY_RUNTIME)
         out.append(Case(dataset="narayanan2021", label=f"{params}B t{tp} p{pp} {gpus} GPUs",
                         model=gpt(layers, hidden, heads), cluster=a100_cluster(gpus),
                         plan=plan, metric="tflops_per_gpu", convention="narayanan",
@@ -107,7 +115,7 @@ def _korthikanti_plan(tp: int, pp: int, gbs: int, mb: int, vp: int, mode: str) -
     return Plan(tp=tp, pp=pp, dp=1, vp=vp, micro_batch_size=mb, global_batch_size=gbs,
                 seq_len=2048, recompute="selective" if sp else ("none" if mode == "none" else
                                                                  "full"),
-                sequence_parallel=sp, precision="bf16", zero=0, comm=dict(overlap=False),
+                sequence_parallel=sp, precision="bf16", zero=0, comm=CommOptions(overlap=False),
                 runtime=LEGACY_RUNTIME)
 
 
@@ -154,8 +162,9 @@ def llama3_cases() -> list[Case]:
                     global_batch_size=gbs, seq_len=seq, recompute="none",
                     sequence_parallel=True, zero=2, precision="bf16",
                     pp_first_stage_layers=7, pp_last_stage_layers=7,
-                    comm=dict(overlap=True, bucket_mb=round(layer_mb), compression="bf16"),
-                    runtime=dict(stack="pytorch", fused_kernels=True, grad_sync="micro_batch"))
+                    comm=CommOptions(overlap=True, bucket_mb=round(layer_mb), compression="bf16"),
+                    runtime=RuntimeProfile(stack="pytorch", fused_kernels=True,
+                                           grad_sync="micro_batch"))
         out.append(Case(dataset="llama3_2024", label=f"405B t{tp} c{cp} p{pp} d{dp} {gpus} GPUs",
                         model=model, cluster=llama3_cluster(gpus), plan=plan,
                         metric="tflops_per_gpu", convention="megatron_causal",
@@ -174,7 +183,7 @@ def vtrain_cases(folder: Path | None) -> list[Case]:
         inter = vtrain.INTER_NODE_GBYTES_PER_GPU if row.dataset == "vtrain_multi" else None
         plan = Plan(tp=row.tp, pp=row.pp, dp=row.dp, micro_batch_size=row.micro_batch,
                     global_batch_size=row.global_batch, seq_len=row.seq_len, recompute="full",
-                    precision="fp16", zero=0, comm=dict(overlap=False),
+                    precision="fp16", zero=0, comm=CommOptions(overlap=False),
                     runtime=LEGACY_RUNTIME)
         split = CALIBRATION if row.index % 2 == 0 else DEVELOPMENT
         label = (f"#{row.index} h{row.hidden} l{row.layers} t{row.tp} p{row.pp} d{row.dp} "

@@ -100,7 +100,8 @@ def predict_case(case: Case, est: Estimator) -> float:
 
 def _free_choices(case: Case) -> list[dict]:
     """Every value combination of the case's free plan fields."""
-    plan, axes = case.plan, []
+    plan = case.plan
+    axes: list[list[tuple[str, object]]] = []
     per_replica = plan.global_batch_size // plan.dp
     for knob in case.free:
         if knob == "micro_batch_size":

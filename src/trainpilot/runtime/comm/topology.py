@@ -56,7 +56,7 @@ def rank_layout(cluster: ClusterSpec, ranks: list[int] | tuple[int, ...]) -> Ran
         raise SpecError("ranks", ranks, "valid: at least one rank")
     if len(set(ranks)) != len(ranks):
         raise SpecError("ranks", ranks, "valid: distinct global ranks")
-    per_node, per_rack = cluster.devices_per_node, int(cluster.nodes_per_rack)
+    per_node, per_rack = cluster.devices_per_node, cluster.rack_nodes
     if max(ranks) >= cluster.num_devices or min(ranks) < 0:
         raise SpecError(
             "cluster.num_devices", cluster.num_devices,

@@ -79,7 +79,7 @@ class Engine:
         self.spec = model.spec
         self.placement = placement
         self.rank = rank
-        self.head_dim = int(self.spec.head_dim)
+        self.head_dim = self.spec.head_size
         self.rep = self.spec.num_attention_heads // self.spec.kv_heads
 
     # ------------------------------------------------------------------ rows
