@@ -192,7 +192,8 @@ class RunRecorder(Callback):
     def _ingest_launcher(self) -> None:
         """The launcher's own records (``launcher.jsonl``: attempts torchrun started, workers
         that ended) as events, so an attempt that died during start-up is on record too."""
-        if self.launcher_journal is None or not self.launcher_journal.exists():
+        if (self.store is None or self.launcher_journal is None
+                or not self.launcher_journal.exists()):
             return
         lines = self.launcher_journal.read_text().splitlines()
         for line_no, raw in enumerate(lines[self._launcher_lines:], start=self._launcher_lines):
@@ -241,6 +242,8 @@ class RunRecorder(Callback):
 
     def _log_recovered(self, record: StepRecord) -> None:
         info, self._pending_restart = self._pending_restart, None
+        if info is None or self.store is None:  # on_step_end checks both first
+            return
         now = time.time()
         fault = self._last_fault
         fault_time = fault.get("time_unix_s") if fault else None

@@ -58,10 +58,12 @@ class TrainConfig(Spec):
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.warmup_steps is None:  # filled in so train.yaml states what ran
-            object.__setattr__(self, "warmup_steps", min(10, self.steps // 10))
-        if self.warmup_steps > self.steps:
-            raise SpecError("warmup_steps", self.warmup_steps,
+        warmup_steps = self.warmup_steps
+        if warmup_steps is None:  # filled in so train.yaml states what ran
+            warmup_steps = min(10, self.steps // 10)
+            object.__setattr__(self, "warmup_steps", warmup_steps)
+        if warmup_steps > self.steps:
+            raise SpecError("warmup_steps", warmup_steps,
                             f"exceeds steps={self.steps}; valid: 0 <= warmup_steps <= steps")
         return self
 

@@ -30,9 +30,10 @@ def demo_train(console: Console, run_dir: str | Path, *, steps: int = DEMO_STEPS
     from trainpilot.specs import load_job
 
     job = load_job(DEMO_JOB)
+    checkpoint_every = min(CHECKPOINT_EVERY, max(1, steps // 4))
     config = TrainConfig(steps=steps, warmup_steps=max(1, steps // 10), lr=3e-3,
-                         checkpoint_every=min(CHECKPOINT_EVERY, max(1, steps // 4)))
-    crash_step = _crash_step(steps, config.checkpoint_every) if crash else None
+                         checkpoint_every=checkpoint_every)
+    crash_step = _crash_step(steps, checkpoint_every) if crash else None
     console.print(f"Training {job.model.name} ({job.plan.dp} processes, DDP over gloo, "
                   f"{job.plan.global_batch_size} x {job.plan.seq_len} tokens per step) on the "
                   "seeded Markov corpus; the cost model is calibrated on this CPU first. "

@@ -55,7 +55,8 @@ def dry_run(model: ModelSpec, plan: Plan, *, ranks: list[int] | None = None) -> 
             pm = parallelize(model, layout, seed=0, max_seq_len=plan.seq_len, materialize=False)
             local = sum(_local_numel(p) for p in pm.parameters())
             coords = {axis: layout.coord(axis) for axis in ("pp", "dp", "tp", "ep")}
-            layers = sorted(int(k) for m in pm.modules for k in m.layers.keys())
+            layers = sorted(int(k) for m in pm.modules
+                            for k, _ in m.get_submodule("layers").named_children())
         finally:
             dist.destroy_process_group()
         memory = {k: local * b / 2**30 for k, b in BYTES_PER_PARAM.items()}

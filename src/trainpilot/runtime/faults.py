@@ -48,9 +48,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainpilot.specs.errors import SpecError
+
+if TYPE_CHECKING:  # torch is imported where a fault needs it
+    from torch.utils.hooks import RemovableHandle
 
 _REQ = object()  # marks a required parameter
 # kind -> {param: (type or tuple of choices, default)}
@@ -319,7 +322,8 @@ class FaultInjector:
         modules = list(modules)
         if not due or not modules:
             return []
-        fault, handles = due[0], []
+        fault = due[0]
+        handles: list[RemovableHandle] = []
 
         def on_forward(module: Any, args: Any, output: Any) -> None:
             for handle in handles:  # once: the first micro-batch of the first attempt

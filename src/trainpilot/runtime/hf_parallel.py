@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -48,6 +48,9 @@ from trainpilot.runtime.models.hf import (
 )
 from trainpilot.runtime.parallelize import ParallelModel, settle_ddp_buckets
 from trainpilot.specs import Plan, SpecError
+
+if TYPE_CHECKING:
+    from trainpilot.runtime.hf_pipeline import HFStage
 
 
 def check_hf_plan(config: Any, plan: Plan) -> None:
@@ -134,7 +137,7 @@ class LocalExperts(nn.Module):
     HF experts' call signature ``(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])``.
     Tokens go to their experts' ranks and back with ``all_to_all_single``."""
 
-    def __init__(self, hf_experts: nn.Module, *, ep_rank: int, ep_size: int, group):
+    def __init__(self, hf_experts: Any, *, ep_rank: int, ep_size: int, group):
         super().__init__()
         total = hf_experts.gate_up_proj.shape[0]
         self.num_global_experts = total
@@ -195,8 +198,8 @@ def apply_hf_expert_parallel(model: CausalLM, layout: Layout) -> list[str]:
     return names
 
 
-def _wrap_data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
-                        ) -> tuple[nn.Module, str]:
+def _wrap_data_parallel(model: CausalLM | HFStage, layout: Layout,
+                        ignored: list[nn.Parameter]) -> tuple[nn.Module, str]:
     """DDP (zero 0) or FSDP2 (zero 1/2: keep parameters gathered between forward and
     backward; zero 3: reshard; ``dp_shard``: HSDP) over ``dp``, expert weights left out."""
     plan = layout.plan
@@ -207,8 +210,9 @@ def _wrap_data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Param
         # backward passes (torch 2.13); FSDP2's replicate is what pipelining supports.
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        return replicate(model, mesh=layout.submesh("dp"),
-                         ignored_params=set(ignored) or None), "fsdp"
+        # replicate() swaps the module's class in place and returns the module itself.
+        replicate(model, mesh=layout.submesh("dp"), ignored_params=set(ignored) or None)
+        return model, "fsdp"
     if plan.zero == 0:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -249,7 +253,7 @@ def parallelize_hf(config: Any, layout: Layout, *, seed: int,
         apply_hf_tensor_parallel(model, layout.submesh("tp"),
                                  sequence_parallel=plan.sequence_parallel)
     expert_names = set(apply_hf_expert_parallel(model, layout))
-    pieces: list[tuple[int, nn.Module]] = [(0, model)]
+    pieces: list[tuple[int, CausalLM | HFStage]] = [(0, model)]
     if plan.pp > 1:  # cut on the meta device: each rank materialises its own stages only
         from trainpilot.runtime.hf_pipeline import HFStage
         from trainpilot.runtime.models.hf import hf_model_spec
@@ -258,11 +262,14 @@ def parallelize_hf(config: Any, layout: Layout, *, seed: int,
         last = plan.pp * plan.vp - 1
         pieces = [(stage, HFStage(model, ids, first=stage == 0, last=stage == last))
                   for stage, ids in stage_plan(hf_model_spec(config), layout)]
-    modules, chunks, experts = [], [], []
+    modules: list[nn.Module] = []
+    chunks: list[nn.Module] = []
+    experts: list[nn.Parameter] = []
     kind = "none"
     for _, module in pieces:
         module.to_empty(device=layout.device)
-        tie_embeddings(module)
+        if isinstance(module, CausalLM):  # stages never tie: check_hf_plan refuses it
+            tie_embeddings(module)
         init_hf_parameters(module, seed=seed, weights=weights)
         if plan.recompute == "full":
             for layer in decoder_layers(module):  # HF's GradientCheckpointingLayer
@@ -281,8 +288,9 @@ def parallelize_hf(config: Any, layout: Layout, *, seed: int,
     return pm
 
 
-def decoder_layers(module: nn.Module) -> list[nn.Module]:
-    """The decoder layers of a :class:`CausalLM` or of a pipeline stage."""
+def decoder_layers(module: CausalLM | HFStage) -> list[Any]:
+    """The decoder layers of a :class:`CausalLM` or of a pipeline stage (HF's layer classes,
+    which carry HF's own attributes such as ``gradient_checkpointing``)."""
     layers = module.model.layers
     return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 

@@ -44,6 +44,16 @@ def check_hf_pipeline(config: Any, plan: Plan) -> None:
                         f"support {'; '.join(reasons)}; valid: pp=1")
 
 
+class _StageDecoder(nn.Module):
+    """A stage's share of HF's decoder under HF's attribute names (set by :class:`HFStage`;
+    ``embed_tokens`` on the first stage only, ``norm`` on the last)."""
+
+    embed_tokens: nn.Module
+    layers: nn.ModuleDict
+    norm: nn.Module
+    rotary_emb: nn.Module
+
+
 class HFStage(nn.Module):
     """Decoder layers ``layer_ids`` of a :class:`CausalLM` (and the embedding on the first
     stage, the final norm and head on the last), with HF's names. ``forward``: tokens (first
@@ -52,7 +62,7 @@ class HFStage(nn.Module):
     def __init__(self, full: CausalLM, layer_ids: list[int], *, first: bool, last: bool):
         super().__init__()
         self.config, self.first, self.last = full.config, first, last
-        self.model = nn.Module()
+        self.model = _StageDecoder()
         if first:
             self.model.embed_tokens = full.model.embed_tokens
         self.model.layers = nn.ModuleDict({str(i): full.model.layers[i] for i in layer_ids})

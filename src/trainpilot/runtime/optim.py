@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TypeGuard
 
 import torch
 import torch.distributed as dist
@@ -32,7 +33,7 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
+def _is_dtensor(t: torch.Tensor | None) -> TypeGuard[DTensor]:
     return isinstance(t, DTensor)
 
 
@@ -61,7 +62,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, *, warmup_steps: int, t
                                 min_ratio=min_ratio))
 
 
-def global_grad_norm(params: list[nn.Parameter], *, expert_params: list[nn.Parameter] = (),
+def global_grad_norm(params: list[nn.Parameter], *, expert_params: Sequence[nn.Parameter] = (),
                      ep_group=None, pp_group=None) -> torch.Tensor:
     """The L2 norm of the whole model's gradient, identical on every rank.
 
@@ -71,7 +72,8 @@ def global_grad_norm(params: list[nn.Parameter], *, expert_params: list[nn.Param
     """
     expert_ids = {id(p) for p in expert_params}
     by_mesh: dict[object, list[torch.Tensor]] = defaultdict(list)
-    plain, expert = [], []
+    plain: list[torch.Tensor] = []
+    expert: list[torch.Tensor] = []
     for p in params:
         if p.grad is None:
             continue
@@ -126,6 +128,7 @@ def build_grad_scaler(precision: str, device: torch.device, *, distributed: bool
     enabled = precision == "fp16"
     if not enabled:
         return torch.amp.GradScaler(device.type, enabled=False)
+    scaler: torch.amp.GradScaler
     if distributed:
         scaler = WorldGradScaler(device.type, process_group=None)  # None: the default (world)
     else:
@@ -168,5 +171,6 @@ class WorldGradScaler(ShardedGradScaler):
                 for grads in per_dtype.values():
                     torch._amp_foreach_non_finite_check_and_unscale_(grads, found[device], inv)
         if not found:  # no gradient here: still take part in the all-reduce
+            assert self._scale is not None  # build_grad_scaler's first scale() made it
             found[self._scale.device] = found_inf.clone()
         return found

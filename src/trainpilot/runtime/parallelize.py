@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,11 @@ from torch import nn
 from trainpilot.runtime.layout import Layout
 from trainpilot.specs import ModelSpec
 from trainpilot.specs.job import virtual_stage_layers
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainpilot.runtime.models.gpt import GPT, Block
 
 
 @dataclass(kw_only=True)
@@ -55,7 +60,7 @@ class ParallelModel:
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Global names (``layers.7.attention.wq.weight``), whatever the wrapping."""
-        out = []
+        out: list[tuple[str, nn.Parameter]] = []
         for module in self.modules:
             out.extend(module.named_parameters())
         return out
@@ -102,7 +107,11 @@ def stage_plan(spec: ModelSpec, layout: Layout) -> list[tuple[int, list[int]]]:
     return [(s, list(range(starts[s], starts[s] + counts[s]))) for s in mine]
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh, *, sequence_parallel: bool) -> None:
+def _blocks(model: GPT) -> list[Block]:
+    return [cast("Block", block) for block in model.layers.values()]  # GPT's layers are Blocks
+
+
+def apply_tensor_parallel(model: GPT, tp_mesh, *, sequence_parallel: bool) -> None:
     """Megatron-style TP on the reference GPT: column-parallel Q/K/V and W1/W3, row-parallel O and
     W2, vocabulary-parallel embedding and output; with sequence parallel the norms and the
     residual stream are sharded over the sequence dimension."""
@@ -125,7 +134,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, *, sequence_parallel: bool)
         top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     if top:
         parallelize_module(model, tp_mesh, top)
-    for block in model.layers.values():
+    for block in _blocks(model):
         plan: dict[str, Any] = {
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(output_layouts=seq),
@@ -159,7 +168,7 @@ def apply_expert_parallel(model: nn.Module, layout: Layout) -> None:
             module.ep_group = layout.group("ep")
 
 
-def apply_context_parallel(model: nn.Module, layout: Layout) -> None:
+def apply_context_parallel(model: GPT, layout: Layout) -> None:
     """Give the model its place in the cp group: from now on it takes this rank's share of
     each sequence (:func:`trainpilot.runtime.models.context.shard_sequence`)."""
     from trainpilot.runtime.models.context import ContextParallel
@@ -196,8 +205,9 @@ def _data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
         # no sharding) is what torch.distributed.pipelining supports for plain data parallel.
         from torch.distributed._composable.replicate_with_fsdp import replicate
 
-        return replicate(model, mesh=layout.submesh(axis),
-                         ignored_params=set(ignored) or None), "fsdp"
+        # replicate() swaps the module's class in place and returns the module itself.
+        replicate(model, mesh=layout.submesh(axis), ignored_params=set(ignored) or None)
+        return model, "fsdp"
     if plan.zero == 0:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -219,7 +229,11 @@ def _data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
     # installed by the trainer (trainpilot.runtime.comm.FSDPComm), which knows the cluster.
     kwargs = dict(mesh=mesh, reshard_after_forward=plan.zero == 3,
                   ignored_params=set(ignored) or None, mp_policy=fsdp_mp_policy(plan.comm))
-    for block in model.layers.values() if hasattr(model, "layers") else []:
+    # One FSDP unit per layer: GPT's ModuleDict, or a user model's ``layers`` ModuleList.
+    layers = getattr(model, "layers", None)
+    blocks = (list(layers.values()) if isinstance(layers, nn.ModuleDict)
+              else list(layers) if isinstance(layers, nn.ModuleList) else [])
+    for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model, "fsdp"
@@ -234,7 +248,10 @@ def parallelize(spec: ModelSpec, layout: Layout, *, seed: int, max_seq_len: int,
     from trainpilot.runtime.models import build_gpt, init_parameters, keep_stage
 
     plan = layout.plan
-    modules, chunks, experts, stage_ids = [], [], [], []
+    modules: list[nn.Module] = []
+    chunks: list[nn.Module] = []
+    experts: list[nn.Parameter] = []
+    stage_ids: list[int] = []
     kind = "none"
     for stage, layer_ids in stage_plan(spec, layout):
         model = build_gpt(spec, max_seq_len=max_seq_len, device="meta")
@@ -268,7 +285,14 @@ def parallelize(spec: ModelSpec, layout: Layout, *, seed: int, max_seq_len: int,
     return pm
 
 
-def settle_ddp_buckets(ddp: nn.Module, device: torch.device) -> None:
+@runtime_checkable
+class _HoldsAuxLoss(Protocol):
+    """A module keeping the MoE balance loss of its last forward (``models.moe.MoE``)."""
+
+    def take_aux_loss(self) -> Any: ...
+
+
+def settle_ddp_buckets(ddp: DistributedDataParallel, device: torch.device) -> None:
     """Run one throw-away forward/backward through ``ddp`` so that its gradient buckets take
     their final layout before the first real step.
 
@@ -297,7 +321,7 @@ def settle_ddp_buckets(ddp: nn.Module, device: torch.device) -> None:
     for p in module.parameters():
         p.grad = None
     for sub in module.modules():
-        if hasattr(sub, "take_aux_loss"):
+        if isinstance(sub, _HoldsAuxLoss):
             sub.take_aux_loss()  # the throw-away pass's MoE balance loss
 
 
@@ -326,6 +350,7 @@ def build_schedule(pm: ParallelModel, loss_fn: Callable) -> Any:
     if plan.vp == 1 and plan.pp_schedule in ("gpipe", "1f1b"):
         cls = pipe.ScheduleGPipe if plan.pp_schedule == "gpipe" else pipe.Schedule1F1B
         return cls(stages[0], n_microbatches=n, loss_fn=loss_fn)
+    assert plan.pp_schedule is not None  # the Plan's validator fills it in
     multi = {"gpipe": pipe.ScheduleLoopedBFS, "1f1b": pipe.ScheduleInterleaved1F1B,
              "interleaved": pipe.ScheduleInterleaved1F1B,
              "zero_bubble": pipe.ScheduleInterleavedZeroBubble}[plan.pp_schedule]

@@ -38,7 +38,9 @@ def end_process(code: int = 0, *, join_threads: bool = True) -> NoReturn:
     with ``join_threads=False`` (a failed process must not hang on a thread stuck in a dead
     collective) or off the main thread (the wait would include the caller)."""
     if join_threads and threading.current_thread() is threading.main_thread():
-        threading._shutdown()  # what Py_FinalizeEx runs first, and all of it that is safe here
+        # What Py_FinalizeEx runs first, and all of it that is safe here (a private CPython
+        # function, absent from typeshed's stubs).
+        threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -19,8 +19,11 @@ def gather_rank_timings(step: int, *, step_s: float, compute_s: float, comm_s: f
     world = dist.get_world_size(group)
     device = torch.device("cpu")
     if dist.get_backend(group) != "gloo":  # nccl, hccl, xccl: tensors on this rank's device
-        device = torch.accelerator.current_accelerator()
-        device = torch.device(device.type, torch.accelerator.current_device_index())
+        accelerator = torch.accelerator.current_accelerator()
+        if accelerator is None:
+            raise RuntimeError(f"backend {dist.get_backend(group)!r} needs an accelerator, "
+                               "and this process has none")
+        device = torch.device(accelerator.type, torch.accelerator.current_device_index())
     mine = torch.tensor([step_s, compute_s, comm_s, data_s], dtype=torch.float64, device=device)
     out = torch.empty(world * 4, dtype=torch.float64, device=device)
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -37,7 +37,8 @@ class StepStats:
         if self._result is not None:
             return self._result
         if self.work is not None:
-            self.phase("collective")
+            if self.phase is not None:
+                self.phase("collective")
             start = time.perf_counter()
             try:
                 self.work.wait()
@@ -45,7 +46,8 @@ class StepStats:
                 raise CollectiveFailure(f"collective at step {step} failed on the wire: {err}",
                                         step=step, attempts=self.retries + 1, cause=err) from err
             self.wait_s = time.perf_counter() - start
-            self.phase("compute")
+            if self.phase is not None:
+                self.phase("compute")
         stats = self.stats.cpu()
         num_bad = round(float(stats[2]))
         if self.strict and num_bad != (self.world if self.nonfinite else 0):

@@ -26,6 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal
 
 import torch.distributed as dist
@@ -91,7 +92,7 @@ class Checkpointer:
     def __init__(self, config: CheckpointConfig, *, process_group: Any = None,
                  faults: Any = None):
         self.config, self.faults = config, faults
-        self.root = config.root_dir
+        self.root = Path(config.root_dir)  # already a Path (the config normalises it)
         self.memory = MemoryTier()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tp-ckpt")
         self._inflight: SaveHandle | None = None
@@ -301,6 +302,7 @@ class Checkpointer:
         report.bytes_written = writer.stats.bytes_written
         report.bytes_referenced = writer.stats.bytes_referenced
         if self.rank == 0:
+            assert writer.manifest_body is not None  # the coordinator's finish wrote it
             report.manifest_stats = dict(writer.manifest_body["stats"])
             report.removed = layout.apply_retention(self.root, keep_last=cfg.keep_last,
                                                     keep_every=cfg.keep_every)
@@ -365,7 +367,7 @@ class Checkpointer:
         self._base_name = name
         return body["step"], state, rank_state, str(self.root / name), body["world_size"]
 
-    def _finish(self, found: tuple, source: str, start: float, restore_rng: bool,
+    def _finish(self, found: tuple, source: Literal["memory", "storage"], start: float, restore_rng: bool,
                 skipped: list[str]) -> Restored:
         step, state, rank_state, path, saved_world = found
         if source == "memory":

@@ -39,9 +39,20 @@ def encode_metadata(metadata: Metadata, storage_data: dict[MetadataIndex, dict])
     return {"version": metadata.version, "tensors": tensors, "locations": locations}
 
 
+def tensor_entries(metadata: Metadata) -> dict[str, TensorStorageMetadata]:
+    """``metadata``'s items by name, each a tensor (the only kind :func:`encode_metadata`
+    stores)."""
+    out: dict[str, TensorStorageMetadata] = {}
+    for fqn, md in metadata.state_dict_metadata.items():
+        if not isinstance(md, TensorStorageMetadata):
+            raise TypeError(f"{fqn}: non-tensor DCP items are not stored (they are JSON)")
+        out[fqn] = md
+    return out
+
+
 def decode_metadata(data: dict) -> tuple[Metadata, dict[MetadataIndex, dict]]:
     """Inverse of :func:`encode_metadata`: ``(Metadata, {MetadataIndex: location})``."""
-    state_dict_metadata = {}
+    state_dict_metadata: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
     for fqn, md in data["tensors"].items():
         state_dict_metadata[fqn] = TensorStorageMetadata(
             properties=TensorProperties(dtype=codec.dtype_from_name(md["dtype"]),

@@ -109,10 +109,10 @@ def envelope(dtype: torch.dtype, shape: tuple[int, ...], nbytes: int, crc: int, 
     small = [("data.pkl", data_pkl(dtype, shape)), (".format_version", b"1"),
              (".storage_alignment", str(ALIGN).encode()), ("byteorder", b"little")]
     before, entries, pos = bytearray(), [], 0
-    for name, body in small:
-        header = _local_header(f"{PREFIX}/{name}".encode(), zlib.crc32(body), len(body), None,
+    for member, body in small:
+        header = _local_header(f"{PREFIX}/{member}".encode(), zlib.crc32(body), len(body), None,
                                pos, False)
-        entries.append((f"{PREFIX}/{name}".encode(), zlib.crc32(body), len(body), pos, False))
+        entries.append((f"{PREFIX}/{member}".encode(), zlib.crc32(body), len(body), pos, False))
         before += header + body
         pos += len(header) + len(body)
     big = force_zip64 or nbytes >= _Z32

@@ -59,7 +59,7 @@ def tensor_diff(a: torch.Tensor, b: torch.Tensor, *, full: bool = False) -> str 
     """Why two tensors differ, or None if they are bit-identical."""
     if is_dtensor(a) != is_dtensor(b):
         return "DTensor vs plain tensor"
-    if is_dtensor(a):
+    if is_dtensor(a) and is_dtensor(b):  # both or neither, by the check above
         if tuple(a.shape) != tuple(b.shape):
             return f"global shape {list(a.shape)} vs {list(b.shape)}"
         if full:

@@ -154,10 +154,10 @@ def plan_recovery(inventories: list[dict], world_size: int) -> RecoveryPlan | No
         for rank in range(world_size):
             if (step, rank) in owned_by_self:
                 continue
-            holder = holders.get((step, rank))
-            if holder is None:
+            source = holders.get((step, rank))
+            if source is None:
                 break
-            moves.append((holder, rank))
+            moves.append((source, rank))
         else:
             return RecoveryPlan(step=step, moves=tuple(moves))
     return None
@@ -167,14 +167,18 @@ def execute_recovery(tier: MemoryTier, plan: RecoveryPlan, *, group: dist.Proces
                      ) -> HostSnapshot:
     """Carry out ``plan`` on this rank and return the snapshot it restores from."""
     rank = dist.get_rank(group)
-    outgoing = {owner: tier.find(plan.step, owner, held=True)
-                for holder, owner in plan.moves if holder == rank}
+    outgoing: dict[int, HostSnapshot] = {}
+    for holder, owner in plan.moves:
+        if holder == rank:
+            held = tier.find(plan.step, owner, held=True)
+            assert held is not None, "plan_recovery promised a held snapshot"
+            outgoing[owner] = held
     incoming = [holder for holder, owner in plan.moves if owner == rank]
     received = _transfer(outgoing, incoming, group)
     if incoming:
         snap = received[incoming[0]]
         tier.own.append(snap)  # it is ours again: a later failure can use it
         return snap
-    snap = tier.find(plan.step, rank, held=False)
-    assert snap is not None, "plan_recovery promised an own snapshot"
-    return snap
+    own = tier.find(plan.step, rank, held=False)
+    assert own is not None, "plan_recovery promised an own snapshot"
+    return own

@@ -99,7 +99,7 @@ def load_storage(root: Path, body: dict, template: dict[str, torch.Tensor], grou
     import torch.distributed.checkpoint as dcp
 
     reader = CheckpointReader(root=root, body=body, verify_chunks=not chunks_verified)
-    meta = reader.metadata.state_dict_metadata
+    meta = reader.tensors
     handles: dict[str, Any] = {}
 
     def handle_for(rel: str) -> Any:
@@ -107,11 +107,12 @@ def load_storage(root: Path, body: dict, template: dict[str, torch.Tensor], grou
         return handles[rel]
 
     try:
-        tree = codec.loads(reader.read_chunk(MetadataIndex(TREE_KEY, (0,)), handle_for).numpy())
+        tree = codec.loads(reader.read_chunk(MetadataIndex(TREE_KEY, (0,)), handle_for)
+                           .numpy().tobytes())
         rank_key = f"{RANK_PREFIX}/{group.rank}/{TREE_KEY}"
         rank_tree = None
         if rank_key in meta:
-            raw = reader.read_chunk(MetadataIndex(rank_key, (0,)), handle_for).numpy()
+            raw = reader.read_chunk(MetadataIndex(rank_key, (0,)), handle_for).numpy().tobytes()
             rank_tree = codec.loads(raw)
     finally:
         for handle in handles.values():

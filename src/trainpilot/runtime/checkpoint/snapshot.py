@@ -20,11 +20,14 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
 from trainpilot.runtime.checkpoint import codec
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 ALIGN_BYTES = 64
 GLOBAL, RANK = "global", "rank"
@@ -41,7 +44,7 @@ def dtensor_type() -> type | None:
     return DTensor
 
 
-def is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     cls = dtensor_type()
     return cls is not None and isinstance(value, cls)
 

@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
@@ -58,7 +58,8 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.contiguous().view(torch.uint8).numpy())
+    # An ndarray has the buffer protocol; numpy's stubs declare it for Python >= 3.12 only.
+    return memoryview(flat.contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 class _DataFile:
@@ -190,7 +191,7 @@ class CheckpointWriter(StorageWriter):
             if item.type == WriteItemType.BYTE_IO:
                 raise TypeError(f"{item.index.fqn}: non-tensor DCP item (trainpilot stores "
                                 "non-tensor state as JSON, never pickled)")
-            tensor = planner.resolve_data(item)
+            tensor = cast(torch.Tensor, planner.resolve_data(item))  # BYTE_IO refused above
             raw = tensor_bytes(tensor)
             digest = hashlib.sha256(raw).hexdigest()
             self.stats.num_items += 1
@@ -201,6 +202,7 @@ class CheckpointWriter(StorageWriter):
                 self.stats.bytes_referenced += len(raw)
                 pending.append((item.index, len(raw), hit))
                 continue
+            data: bytes | memoryview
             if compress is None and interop.supported(tensor.dtype):
                 # Raw chunks go inside a torch.save envelope, so stock DCP reads them too.
                 before, after = interop.envelope(tensor.dtype, tuple(tensor.shape), len(raw),
@@ -285,9 +287,10 @@ class CheckpointReader(StorageReader):
         super().__init__()
         self.root, self.verify_chunks = root, verify_chunks
         self.metadata, self.locations = dcp_json.decode_metadata(body["metadata"])
+        self.tensors = dcp_json.tensor_entries(self.metadata)
         self.chunk_sizes = {
             (fqn, tuple(c.offsets)): tuple(c.sizes)
-            for fqn, md in self.metadata.state_dict_metadata.items() for c in md.chunks
+            for fqn, md in self.tensors.items() for c in md.chunks
         }
 
     def reset(self, checkpoint_id: Any = None) -> None:
@@ -321,7 +324,7 @@ class CheckpointReader(StorageReader):
         if len(data) != loc["raw"] or (
                 self.verify_chunks and hashlib.sha256(data).hexdigest() != loc["sha256"]):
             raise layout.CorruptCheckpoint(loc["file"], f"chunk {index.fqn} is damaged")
-        md = self.metadata.state_dict_metadata[index.fqn]
+        md = self.tensors[index.fqn]
         sizes = self.chunk_sizes[(index.fqn, tuple(index.offset or ()))]
         if not data:
             return torch.empty(sizes, dtype=md.properties.dtype)

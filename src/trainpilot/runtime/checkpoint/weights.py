@@ -53,7 +53,7 @@ def _assemble(root: Path, body: dict, prefix: str) -> dict[str, torch.Tensor]:
 
     out: dict[str, torch.Tensor] = {}
     try:
-        for fqn, md in reader.metadata.state_dict_metadata.items():
+        for fqn, md in reader.tensors.items():
             if not fqn.startswith(prefix):
                 continue
             full = torch.empty(tuple(md.size), dtype=md.properties.dtype)

@@ -69,7 +69,7 @@ class _Counted(ReduceScatter):
         self.num_calls = 0
         self._checked: set[int] = set()
 
-    def allocate(self, size: Sequence[int], *, dtype: torch.dtype,
+    def allocate(self, size: Sequence[int | torch.SymInt], *, dtype: torch.dtype,
                  device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
@@ -165,10 +165,14 @@ class FSDPComm:
         if comm.hierarchical and cluster is None:
             raise SpecError("plan.comm.hierarchical", True, "needs a cluster to place ranks on")
         self.comm = comm
-        self.group = process_group or dist.group.WORLD
+        group = process_group or dist.group.WORLD
+        if group is None:
+            raise RuntimeError("FSDPComm needs a process group: call init_process_group first")
+        self.group = group
         self.counters = CommCounters()
         ranks = tuple(dist.get_process_group_ranks(self.group))
         if comm.hierarchical:
+            assert cluster is not None  # refused above
             self.reduce_scatter: _Counted = HierarchicalReduceScatter(
                 groups=build_groups(cluster, self.group), counters=self.counters)
         else:

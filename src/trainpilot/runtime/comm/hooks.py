@@ -17,6 +17,7 @@ every rank, on subgroups only this hook uses.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable
@@ -92,7 +93,10 @@ class CommHook:
                             "PowerSGD does not compose with hierarchical=true; valid there: "
                             "none, fp16, bf16, topk")
         self.comm = comm
-        self.group = process_group or dist.group.WORLD
+        group = process_group or dist.group.WORLD
+        if group is None:
+            raise RuntimeError("CommHook needs a process group: call init_process_group first")
+        self.group = group
         self.world_size = dist.get_world_size(self.group)
         # Describes the whole group for the counters of PyTorch's hooks, which run on it.
         self.flat = make_subgroup("flat", tuple(dist.get_process_group_ranks(self.group)),
@@ -112,6 +116,7 @@ class CommHook:
     def _build_staged(self, cluster: ClusterSpec | None) -> StagedAllReduce | None:
         """The staged reducer, for the paths that run on the communication thread."""
         if self.comm.hierarchical:
+            assert cluster is not None  # refused by __init__
             groups: HierarchyGroups = build_groups(cluster, self.group)
             return StagedAllReduce.from_groups(groups, compress_top=self.comm.compression != "none",
                                                counters=self.counters)
@@ -164,7 +169,7 @@ class CommHook:
             return future
         pending, self._deferred = self._deferred, []
         for held, future in pending:
-            self._launch(held).add_done_callback(lambda f, out=future: _forward(f, out))
+            self._launch(held).add_done_callback(functools.partial(_forward, out=future))
         return self._launch(bucket)
 
     def _launch(self, bucket) -> torch.futures.Future:
@@ -172,12 +177,13 @@ class CommHook:
         if self.staged is None:
             if compression in ("fp16", "bf16"):
                 return cast_hook(compression, self.flat, bucket, self.counters)
-            if compression == "powersgd":
+            if self.powersgd is not None:  # compression == "powersgd"
                 return self.powersgd(bucket, self.flat, self.counters)
             return self._flat_all_reduce(bucket)
         names, numels = self._bucket_params(bucket)
         buffer = bucket.buffer()
         start = now_s()
+        assert self._thread is not None  # started with the staged reducer
         return self._thread.submit(lambda: self._reduce(buffer, names, numels, start))
 
     def _flat_all_reduce(self, bucket) -> torch.futures.Future:
@@ -209,14 +215,16 @@ class CommHook:
         import torch
 
         compression, n = self.comm.compression, buffer.numel()
+        staged = self.staged
+        assert staged is not None  # only the staged path submits to the thread
         if compression in ("fp16", "bf16"):
             dtype = torch.float16 if compression == "fp16" else torch.bfloat16
             # Divide first, as PyTorch's hook does, so the half-precision sum cannot overflow.
-            total = self.staged(buffer / self.world_size, self._cast_stage(dtype))
+            total = staged(buffer / self.world_size, self._cast_stage(dtype))
         elif compression == "topk":
             total = self._topk_reduce(buffer, names, numels).div_(self.world_size)
         else:
-            total = self.staged(buffer).div_(self.world_size)
+            total = staged(buffer).div_(self.world_size)
         self.counters.add_bucket(n * buffer.element_size(), start, now_s())
         return total
 
@@ -241,9 +249,10 @@ class CommHook:
         import torch
         import torch.distributed as dist
 
-        ef, codec = self.error_feedback, self.codec
+        ef, codec, staged = self.error_feedback, self.codec, self.staged
+        assert codec is not None and staged is not None  # compression == "topk" built both
         x = buffer + ef.gather(names, numels, buffer.dtype) if ef else buffer
-        layout = self.staged.layout(tuple(numels))
+        layout = staged.layout(tuple(numels))
         residual_rows = torch.zeros(layout.num_pieces, layout.row, dtype=buffer.dtype)
 
         def stage(row: torch.Tensor, sub: Subgroup, piece: int, layout) -> torch.Tensor:
@@ -257,7 +266,7 @@ class CommHook:
             dist.all_gather_single(gathered, message, group=sub.group)
             return codec.decode_sum(gathered.view(sub.size, -1), layout.widths, row.dtype)
 
-        total = self.staged(x, stage, segments=tuple(numels))
+        total = staged(x, stage, segments=tuple(numels))
         if ef is not None:
             ef.store(names, numels, layout.unpermute(residual_rows.reshape(-1)))
         return total

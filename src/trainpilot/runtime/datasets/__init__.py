@@ -69,7 +69,10 @@ def open_dataset(data: str, *, seq_len: int, vocab_size: int, dtype: str = "uint
     (text: default the tokenizer's EOS; shards: None adds none)."""
     kind = data_kind(data)
     if kind == "megatron":
-        return open_megatron(megatron_prefix(data), seq_len=seq_len, vocab_size=vocab_size,
+        prefix = megatron_prefix(data)
+        if prefix is None:  # data_kind saw both files; they went away since
+            raise SpecError("data", data, "valid: an existing Megatron .bin/.idx pair")
+        return open_megatron(prefix, seq_len=seq_len, vocab_size=vocab_size,
                              eos_id=eos_id)
     if kind == "tokens":
         if eos_id is not None:  # one file is one document: an EOS after it changes nothing

@@ -69,6 +69,7 @@ class PackedDocuments:
                 begin = int(self.doc_start[doc]) + offset
                 out[filled:filled + take] = self.parts[int(self.doc_part[doc])][begin:begin + take]
             else:  # its trailing EOS
+                assert self.eos_id is not None  # only an EOS adds a slot after a document
                 take = 1
                 out[filled] = self.eos_id
             filled += take
@@ -101,7 +102,7 @@ class PackedDocuments:
                     seq_len=self.seq_len, eos_id=self.eos_id)
 
 
-def documents_from_lengths(lengths: Sequence[int], part: int = 0,
+def documents_from_lengths(lengths: Sequence[int] | np.ndarray, part: int = 0,
                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(doc_part, doc_start, doc_length) for consecutive documents of ``lengths`` in one part."""
     length = np.asarray(lengths, dtype=np.int64)

@@ -38,7 +38,8 @@ def chaos_schedule(*, seed: int, num_steps: int, mean_gap_steps: float, world_si
     """(step, kind, rank) of each fault: gaps ~ Exponential(mean ``mean_gap_steps``), kinds and
     ranks uniform, steps in ``[first_step, num_steps]``, at most one fault per step."""
     rng = random.Random(seed)
-    out, t = [], float(first_step - 1)
+    out: list[tuple[int, str, int]] = []
+    t = float(first_step - 1)
     while True:
         t += rng.expovariate(1.0 / mean_gap_steps)
         step = max(first_step, int(round(t)))

@@ -100,8 +100,10 @@ class LocalSupervisor:
 
     def _start(self, rank: int) -> RankProcess:
         self._incarnations[rank] += 1
-        proc = self.ctx.Process(target=_child, args=(self.target, rank, self._env(rank),
-                                                     self.args), daemon=False)
+        # typeshed's BaseContext (what get_context(str) is typed as) lacks the Process class
+        # every concrete context has.
+        proc = self.ctx.Process(  # type: ignore[attr-defined]
+            target=_child, args=(self.target, rank, self._env(rank), self.args), daemon=False)
         proc.start()
         entry = RankProcess(rank=rank, attempt=self.attempt,
                             incarnation=self._incarnations[rank], process=proc,

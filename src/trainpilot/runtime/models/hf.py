@@ -73,7 +73,7 @@ def is_moe(config: Any) -> bool:
 
 
 def num_experts(config: Any) -> int:
-    return int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", 0))
+    return int(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0))
 
 
 def hf_model_spec(config: Any) -> Any:
@@ -95,11 +95,13 @@ class CausalLM(nn.Module):
     main loss is (the builder sets it to 1 / micro-batches).
     """
 
-    def __init__(self, hf_model: nn.Module):
+    def __init__(self, hf_model: Any):
         super().__init__()
-        self.config = hf_model.config
-        self.model = hf_model.model
-        self.lm_head = hf_model.lm_head
+        # ``hf_model``: a transformers ``*ForCausalLM``. Its config and decoder (LlamaModel,
+        # MixtralModel, ...) differ by architecture; the code reads their HF attribute names.
+        self.config: Any = hf_model.config
+        self.model: Any = hf_model.model
+        self.lm_head: nn.Linear = hf_model.lm_head
         self.moe = is_moe(self.config)
         self.aux_scale = 1.0
         self.last_aux_loss: torch.Tensor | None = None  # the newest balance loss, detached
@@ -123,6 +125,9 @@ class CausalLM(nn.Module):
 
             aux = load_balancing_loss_func(out.router_logits, num_experts(self.config),
                                            self.config.num_experts_per_tok, None)
+            if not isinstance(aux, torch.Tensor):  # HF returns 0 for logits it cannot read
+                raise TypeError(f"no load-balancing loss from router logits of type "
+                                f"{type(out.router_logits).__name__}")
             self.last_aux_loss = aux.detach().float()
             if coeff:
                 logits = AuxLossScaler.apply(logits, aux * (coeff * self.aux_scale))
@@ -163,7 +168,7 @@ def _generator(seed: int, name: str) -> torch.Generator:
 
 def _norm_params(model: nn.Module) -> set[str]:
     """Names of parameters that belong to normalisation layers (initialised to 1 / 0)."""
-    out = set()
+    out: set[str] = set()
     for mod_name, module in model.named_modules():
         if "Norm" in type(module).__name__:
             out.update(f"{mod_name}.{p}" for p, _ in module.named_parameters(recurse=False))

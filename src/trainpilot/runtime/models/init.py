@@ -10,12 +10,20 @@ and no rank ever communicates or holds more than one full parameter at a time.
 from __future__ import annotations
 
 import zlib
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from trainpilot.runtime.models.gpt import param_std
 from trainpilot.specs import ModelSpec
+
+
+@runtime_checkable
+class _RebuildsBuffers(Protocol):
+    """A module with non-parameter state to rebuild after ``to_empty`` (GPT's RoPE tables)."""
+
+    def init_buffers(self) -> None: ...
 
 
 def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
@@ -76,5 +84,5 @@ def init_parameters(model: nn.Module, spec: ModelSpec, *, seed: int) -> None:
         target = param.to_local() if isinstance(param, DTensor) else param
         target.copy_(value)
     for module in model.modules():
-        if hasattr(module, "init_buffers"):
+        if isinstance(module, _RebuildsBuffers):
             module.init_buffers()

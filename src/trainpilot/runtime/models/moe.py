@@ -7,6 +7,8 @@ depend on how experts are spread over ranks; EP=2 equals EP=1 up to float summat
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -136,7 +138,18 @@ class MoE(nn.Module):
         return _expert_parallel(self.experts, routed, counts, self.ep_group)
 
 
-def _expert_parallel(experts: GroupedExperts, routed: torch.Tensor, counts: torch.Tensor,
+class LocalExpertCompute(Protocol):
+    """What the all-to-all dispatcher needs of a rank's experts (:class:`GroupedExperts`,
+    or an HF model's, ``hf_parallel.LocalExperts``): how many are local, and their forward on
+    tokens grouped by local expert."""
+
+    @property
+    def num_local_experts(self) -> int: ...
+
+    def __call__(self, x: torch.Tensor, counts: list[int], /) -> torch.Tensor: ...
+
+
+def _expert_parallel(experts: LocalExpertCompute, routed: torch.Tensor, counts: torch.Tensor,
                      group: dist.ProcessGroup) -> torch.Tensor:
     """Dispatch tokens to the ranks owning their experts, compute, and send results back."""
     from torch.distributed.nn.functional import all_to_all_single

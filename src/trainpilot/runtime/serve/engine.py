@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from trainpilot.runtime.models.gpt import GPT, apply_rope
+from trainpilot.runtime.models.gpt import GPT, Block, apply_rope
+from trainpilot.runtime.models.moe import MoE
 
 
 @dataclass
@@ -63,10 +66,18 @@ class ExpertPlacement:
         return sorted(k for k, r in self.owner.items() if r == rank)
 
 
+def _block(model: GPT, layer: int) -> Block:
+    return cast(Block, model.layers[str(layer)])  # GPT's layers are Blocks
+
+
+def _moe(block: Block) -> MoE:
+    return cast(MoE, block.feed_forward)  # on the layers ModelSpec.is_moe_layer names
+
+
 def expert_weights(model: GPT, key: tuple[int, int]):
     """Clones of expert ``key`` = (layer, expert)'s weights from the full model."""
     layer, e = key
-    ex = model.layers[str(layer)].feed_forward.experts
+    ex = _moe(_block(model, layer)).experts
     w3 = ex.w3[e].detach().clone() if ex.w3 is not None else None
     return ex.w1[e].detach().clone(), ex.w2[e].detach().clone(), w3
 
@@ -77,6 +88,11 @@ class Engine:
     def __init__(self, model: GPT, placement: ExpertPlacement, rank: int):
         self.model = model
         self.spec = model.spec
+        if model.tok_embeddings is None or model.norm is None:
+            raise ValueError("Engine needs the whole model (a pipeline stage lacks the "
+                             "embedding or the final norm)")
+        self.tok_embeddings: nn.Embedding = model.tok_embeddings
+        self.norm: nn.Module = model.norm
         self.placement = placement
         self.rank = rank
         self.head_dim = self.spec.head_size
@@ -89,7 +105,8 @@ class Engine:
         q = F.linear(x, att.wq.weight).view(1, 1, -1, d)
         k = F.linear(x, att.wk.weight).view(1, 1, -1, d)
         v = F.linear(x, att.wv.weight).view(1, 1, -1, d)
-        cos, sin = self.model.rope_cos[pos:pos + 1], self.model.rope_sin[pos:pos + 1]
+        rope_cos, rope_sin = self.model.get_buffer("rope_cos"), self.model.get_buffer("rope_sin")
+        cos, sin = rope_cos[pos:pos + 1], rope_sin[pos:pos + 1]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         seq.cache_k[layer].append(k[0, 0])
         seq.cache_v[layer].append(v[0, 0])
@@ -122,20 +139,20 @@ class Engine:
         greedy next token of each row. ``moe_exchange(layer, rows_x, experts)`` returns each
         routed copy's expert output (it is collective: every rank calls it every MoE layer)."""
         spec = self.spec
-        xs = [self.model.tok_embeddings.weight[tok].view(1, -1) for _, tok, _ in rows]
+        xs = [self.tok_embeddings.weight[tok].view(1, -1) for _, tok, _ in rows]
         for seq, _, _ in rows:
             while len(seq.cache_k) < spec.num_layers:
                 seq.cache_k.append([])
                 seq.cache_v.append([])
         for layer in range(spec.num_layers):
-            block = self.model.layers[str(layer)]
+            block = _block(self.model, layer)
             xs = [x + self._attention(block, seq, layer, block.attention_norm(x), pos)
                   for x, (seq, _, pos) in zip(xs, rows)]
             normed = [block.ffn_norm(x) for x in xs]
             if not spec.is_moe_layer(layer):
                 xs = [x + self._mlp(block.feed_forward, h) for x, h in zip(xs, normed)]
                 continue
-            moe = block.feed_forward
+            moe = _moe(block)
             picks = []
             for h in normed:
                 probs = F.linear(h, moe.router.weight).float().softmax(dim=-1)[0]
@@ -152,5 +169,5 @@ class Engine:
                 new.append(x + acc)
             xs = new
         head = self.model.output.weight if self.model.output is not None else \
-            self.model.tok_embeddings.weight
-        return [int(F.linear(self.model.norm(x), head)[0].argmax()) for x in xs]
+            self.tok_embeddings.weight
+        return [int(F.linear(self.norm(x), head)[0].argmax()) for x in xs]

@@ -139,7 +139,10 @@ class _Worker:
                                   datetime.timedelta(seconds=self.cfg.timeout_s))
 
     # ------------------------------------------------------------------ collectives
-    def _exchange(self, layer, xs, experts_per_row):
+    def _exchange(self, layer: int, xs: list[torch.Tensor], experts_per_row: list[list[int]]
+                  ) -> list[list[torch.Tensor | None]]:
+        """Each routed copy's expert output (row i's j-th expert), computed on the rank that
+        holds the expert; every slot is filled (``order`` lists them all)."""
         world = len(self.members)
         h = self.spec.hidden_size
         sends: list[list[tuple[int, int, int]]] = [[] for _ in range(world)]
@@ -159,7 +162,7 @@ class _Worker:
         back = torch.cat(outs) if outs else torch.empty(0, h)
         returned = torch.empty(len(order), h)
         self.pg.alltoall_base(returned, back, counts.tolist(), recv_counts.tolist()).wait()
-        result: list[list[torch.Tensor]] = [[None] * len(e) for e in experts_per_row]
+        result: list[list[torch.Tensor | None]] = [[None] * len(e) for e in experts_per_row]
         for (i, j, _), row in zip(order, returned):
             result[i][j] = row.view(1, h)
         return result
@@ -299,13 +302,14 @@ def _worker_main(rank: int, cfg: ServeConfig, port: int) -> None:
 @dataclass
 class ServeRun:
     """What the launcher saw: every rank's completed requests, the lost ones, phase timings,
-    exit codes, and whether the injected fault fired (its time, from the killed rank)."""
+    exit codes (None: a rank still alive after the kill and the join's timeout), and whether
+    the injected fault fired (its time, from the killed rank)."""
 
     results: dict[int, list[int]]
     lost: list[int]
     phases: dict[int, dict[str, float]]
     passes: dict[int, list[tuple[int, float]]]
-    exit_codes: list[int]
+    exit_codes: list[int | None]
     fault_time: float | None
     members_published_at: float | None
     wall_s: float
