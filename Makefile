@@ -24,7 +24,7 @@ demo: setup
 test: setup
 	bash scripts/install_browser.sh
 	VENV=$(VENV) bash scripts/check.sh
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=25
 
 clean:
 	rm -rf $(VENV) .pytest_cache

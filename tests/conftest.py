@@ -14,11 +14,30 @@ REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# `make test` runs pytest with two xdist workers (--dist loadgroup). Every test that starts
+# processes, trains or drives a browser is in one group, "procs", which one worker runs in
+# order, as a plain `pytest` would: never two multi-rank tests at once on a 2-core machine.
+# The in-process tests of these folders (specs, the cost model, the planner, the simulators,
+# the store, the monitor's logic, the UI's data) run on the other worker meanwhile.
+LIGHT_DIRS = {"perf", "plan", "sim", "specs", "store", "health", "ui", "interop"}
+PROC_MARKS = {"dist", "external", "browser", "slow"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(REPO / "tests").parts
+        light = len(parts) > 1 and parts[0] in LIGHT_DIRS
+        if not light or any(item.get_closest_marker(m) for m in PROC_MARKS):
+            item.add_marker(pytest.mark.xdist_group("procs"))
+
 
 def run_cli(*args: str, timeout: float = 120, env: dict | None = None,
             cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m trainpilot ARGS`` in a fresh process and capture its output."""
     full_env = dict(os.environ, **(env or {}))
+    for name in ("COLUMNS", "LINES"):  # the CLI's own width off a terminal, whoever runs pytest
+        if not env or name not in env:
+            full_env.pop(name, None)
     return subprocess.run(
         [sys.executable, "-m", "trainpilot", *args], capture_output=True, text=True,
         timeout=timeout, env=full_env, cwd=cwd,

@@ -1,8 +1,10 @@
 """Hugging Face models through ``trainpilot train`` as a user types it: ``--model
 path/config.json`` (a tiny Llama, Qwen3 and Mixtral made from transformers' own config
 classes), real text (Python's standard-library sources, a BPE trained on them), 2 gloo ranks.
-Each layout trains (loss falls), survives a rank killed mid-run bit-exact against the same
-command uninterrupted, and its checkpoint is exported for ``from_pretrained``."""
+Each layout trains (loss falls) and its checkpoint is exported for ``from_pretrained``; the
+Mixtral run (experts sharded over ep, whose checkpoint is the hardest to restore) also survives
+a rank killed mid-run bit-exact against the same command uninterrupted. The Trainer-level tests
+(tests/runtime/test_hf_models.py) restore every model bit-exact in process."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ CASES = {  # model -> plan (one layout each: the Trainer-level tests cover the o
     "qwen3": "dp=2,zero=3,micro_batch_size=4,global_batch_size=8",
     "mixtral": "dp=2,ep=2,zero=0,micro_batch_size=4,global_batch_size=8",
 }
+KILLED = {"mixtral"}
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ def _args(run, config_path, plan, corpus):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", list(CASES))
-def test_hf_model_trains_and_survives_a_kill_bit_exact(name, corpus, tmp_path):
+def test_hf_model_trains_and_exports(name, corpus, tmp_path):
     config = dict(tiny_configs()[name], model_type=name)
     config_path = tmp_path / "config.json"
     config_path.write_text(json.dumps(config))
@@ -49,11 +52,15 @@ def test_hf_model_trains_and_survives_a_kill_bit_exact(name, corpus, tmp_path):
         assert j.wait() == 0, j.output()[-3000:]
     curve = losses(ref)
     assert curve[STEPS] < curve[1] - 0.3, curve  # it learns the text
-    with job(_args(run, config_path, CASES[name], corpus)) as j:
-        j.wait_step(6)
-        os.kill(j.workers()[1], signal.SIGKILL)
-        assert j.wait() == 0, j.output()[-3000:]
-    assert_same_run(run, ref, step=STEPS)
+    if name in KILLED:
+        with job(_args(run, config_path, CASES[name], corpus)) as j:
+            j.wait_step(6)
+            os.kill(j.workers()[1], signal.SIGKILL)
+            assert j.wait() == 0, j.output()[-3000:]
+            assert "crash of rank 1" in j.output()  # the fault fired: recovery was needed
+        assert_same_run(run, ref, step=STEPS)
+    else:
+        run = ref
 
     from transformers import AutoModelForCausalLM
 

@@ -54,7 +54,8 @@ def test_kill9_of_ranks_and_of_the_launcher_then_the_same_command(ref2, tmp_path
     records = journal(run)
     assert [(r["kind"], r.get("rank"), r.get("attempt")) for r in records] == [
         ("crash", 1, 0), ("crash", 0, 1), ("launcher_lost", None, None)]
-    assert all("killed by SIGKILL" in r["evidence"] for r in records[:2]), records
+    assert all("killed by SIGKILL" in r["evidence"] for r in records[:2]), [
+        (r["rank"], r["evidence"]) for r in records[:2]]
     assert f"launch of pid {j.pid}" in records[2]["evidence"]  # found by the next launch
     # The start-up death left a record (it never reached a step), and the store has it.
     ends = [r for r in launcher_records(run) if r["kind"] == "worker_end"

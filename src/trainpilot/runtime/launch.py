@@ -39,6 +39,12 @@ from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
 
 # torchrun restarts of the whole group after a rank dies, unless the user says otherwise.
 DEFAULT_MAX_RESTARTS = 3
+# How often torchrun's agent polls its workers (torchrun's own default: 0.1 s). The watchdog
+# reads each worker's exit status the moment it ends; an agent that reaps the process first
+# leaves only the first failure in its log, so a second rank dying with it would be journaled
+# without its signal. Polling less often gives the watchdog that moment; restarts start up to
+# 0.4 s later.
+DEFAULT_MONITOR_INTERVAL_S = 0.5
 
 # torchrun options that do not apply: we always start our own worker module.
 _NOT_FORWARDED = {"help", "module", "no_python", "run_path", "training_script",
@@ -69,6 +75,11 @@ def add_torchrun_arguments(parser: argparse.ArgumentParser) -> None:
                 action.help = (f"Maximum number of worker group restarts before failing "
                                f"(trainpilot default: {DEFAULT_MAX_RESTARTS}; 0 or "
                                "--no-recovery: none).")
+            elif action.dest == "monitor_interval":
+                action.default = float(os.environ.get("PET_MONITOR_INTERVAL",
+                                                      DEFAULT_MONITOR_INTERVAL_S))
+                action.help = (f"{action.help} (trainpilot default: "
+                               f"{DEFAULT_MONITOR_INTERVAL_S} s)")
             group._add_action(action)
 
 
@@ -84,6 +95,8 @@ def torchrun_namespace(options: argparse.Namespace | dict | None, worker_args: l
     for dest in defaults:
         if dest in given and dest not in _NOT_FORWARDED:
             setattr(args, dest, given[dest])
+    if "monitor_interval" not in given and "PET_MONITOR_INTERVAL" not in os.environ:
+        args.monitor_interval = DEFAULT_MONITOR_INTERVAL_S
     user_rdzv = any(getattr(args, d) != defaults[d] for d in
                     ("rdzv_endpoint", "master_addr", "master_port", "rdzv_backend", "nnodes"))
     if not user_rdzv and not args.standalone:
@@ -242,7 +255,7 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
     try:
         try:
             with _environ(env), _agent_logs_to(run_dir / "logs" / "launcher.log",
-                                               AgentExitReports(dog)):
+                                               AgentExitReports(dog)), _on_sigchld(dog):
                 torchrun(args)
         except (ChildFailedError, SignalException) as err:
             failure = err
@@ -262,6 +275,20 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
     finally:
         log_launch(run_dir, "launch_end", outcome=outcome)
         shutil.rmtree(watch, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _on_sigchld(dog: Watchdog):
+    """``dog.peek_children`` on SIGCHLD while torchrun runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGCHLD, dog.peek_children)
+    signal.siginterrupt(signal.SIGCHLD, False)  # system calls restart (the agent's store I/O)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
 
 
 class _StopOnBadInput:

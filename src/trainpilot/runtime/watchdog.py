@@ -269,10 +269,35 @@ class Watchdog:
                                         time_unix_s=view.started))
             self.attempts[view.attempt]["ranks"].append(view.rank)
 
+    def peek_children(self, *_: Any) -> None:
+        """SIGCHLD handler (installed by the launcher around torchrun): read the exit status of
+        every worker that just ended, before torchrun's agent reaps it. Python runs a signal
+        handler in the main thread between two bytecodes, and the agent polls its workers from
+        the main thread, so this runs first; a worker killed before this thread registered it
+        (within a quarter second of its start) would otherwise end with no signal on record.
+        Takes no lock (the main thread may hold it): it only reads beacons and stores codes."""
+        try:
+            paths = list(self.dir.glob("rank*.json"))
+        except OSError:
+            return
+        for path in paths:
+            if ".exit." in path.name:
+                continue
+            try:
+                pid = int(json.loads(path.read_text())["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if pid in self._reported:
+                continue
+            ended = _peek_exit(pid)
+            if ended is not None and ended != (None, None):
+                code, sig = ended
+                self._reported[pid] = code if code is not None else -int(sig or 0)
+
     def report_exit(self, pid: int, exitcode: int) -> None:
         """What torchrun's agent says a worker ended with (its log of the first failure: the
         agent may reap a worker before this thread reads its status)."""
-        self._reported[pid] = exitcode
+        self._reported.setdefault(pid, exitcode)
 
     def _check(self, view: WorkerView, now: float) -> None:
         ended = _peek_exit(view.pid)

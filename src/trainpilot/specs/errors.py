@@ -24,8 +24,10 @@ class SpecError(ValueError):
 
 
 def _show(value: Any) -> str:
+    """``value`` as the line shows it: at most 80 characters, its start and its end (a long
+    path keeps its file name and line number)."""
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= 80 else text[:36] + "..." + text[-41:]
 
 
 def _known_keys(model_cls: type | None, loc: tuple) -> list[str]:
