@@ -84,7 +84,9 @@ def soak(args: argparse.Namespace, work: Path) -> dict:
     rng = random.Random(args.seed)
     plan = PLANS[args.ranks]
     ref, run = work / "reference", work / "run"
-    cmd = lambda d: train_args(d, steps=args.steps, plan=plan, every=args.every)  # noqa: E731
+    extra = ("--max-restarts", str(args.max_restarts)) if args.max_restarts is not None else ()
+    cmd = lambda d: train_args(d, steps=args.steps, plan=plan, every=args.every,  # noqa: E731
+                               extra=extra)
 
     t0, c0 = time.monotonic(), _cpu_s()
     ref_job = Job(cmd(ref))
@@ -154,7 +156,9 @@ def report(args: argparse.Namespace, out: dict, load: tuple[float, float]) -> st
              f"{os.cpu_count()} cores, load average {load[0]:.1f} at start, {load[1]:.1f} at end",
              f"# tiny-gpt, DDP on {args.ranks} gloo ranks, {args.steps} steps, a checkpoint every "
              f"{args.every}; faults every {args.mean_gap_s:g} s on average (exponential, seed "
-             f"{args.seed}); trainpilot train with its defaults",
+             f"{args.seed}); trainpilot train with its defaults"
+             + (f" and --max-restarts {args.max_restarts}" if args.max_restarts is not None
+                else ""),
              f"uninterrupted run: {out['reference_wall_s']:.1f} s wall, "
              f"{out['reference_cpu_s']:.1f} s CPU",
              f"faulted run: {out['wall_s']:.1f} s wall, {out['cpu_s']:.1f} s CPU (CPU of "
@@ -181,6 +185,9 @@ def main() -> None:
     parser.add_argument("--mean-gap-s", type=float, default=25.0)
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-restarts", type=int, default=None,
+                        help="passed to trainpilot train (default: its own, 3 per launch; a "
+                             "fault every few seconds needs more)")
     parser.add_argument("--keep", action="store_true", help="keep the run folders")
     args = parser.parse_args()
     args.kinds = args.kinds.split(",")
