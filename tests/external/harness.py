@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 
 STEPS2, STEPS4 = 12, 12  # the reference runs' lengths (tests/conftest.py)
@@ -144,6 +145,21 @@ class Job:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
         self._out.close()
+
+
+@contextlib.contextmanager
+def tmpfs(mount: Path, options: str, why: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``mount`` (made here) with ``options`` for the block; the test is
+    skipped, saying ``why`` it needs one, where this process cannot mount (not root)."""
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount {why} here: {made.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 @contextlib.contextmanager

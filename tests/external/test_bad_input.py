@@ -5,11 +5,10 @@ fire."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests.conftest import run_cli
+from tests.external.harness import tmpfs
 from trainpilot.runtime.workerjob import WorkerJob
 from trainpilot.specs import load_model, load_plan
 
@@ -36,17 +35,9 @@ def test_run_dir_that_is_a_file(tmp_path):
 
 
 def test_run_dir_on_a_read_only_disk(tmp_path):
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "size=1m,ro", "a read-only tmpfs") as mount:
         line = _one_line_error(run_cli(*BASE, "--run-dir", str(mount / "run")))
         assert "not writable" in line and "Read-only file system" in line
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def test_a_changed_model_on_resume_is_refused(tmp_path):

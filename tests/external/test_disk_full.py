@@ -5,28 +5,25 @@ ends bit-identical to the uninterrupted one, with every step in its store."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tests.external.conftest import STEPS2
-from tests.external.harness import assert_same_run, events, job, losses, train_args
+from tests.external.harness import (
+    assert_same_run,
+    events,
+    job,
+    losses,
+    tmpfs,
+    train_args,
+)
 
 pytestmark = [pytest.mark.dist, pytest.mark.external]
 
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "size=64m", "a tmpfs (needs root)") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def _fill(path) -> int:

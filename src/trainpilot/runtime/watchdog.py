@@ -250,13 +250,7 @@ class Watchdog:
                     self._check(view, now)
 
     def _register(self) -> None:
-        for path in self.dir.glob("rank*.json"):
-            if ".exit." in path.name:
-                continue
-            try:
-                info = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
+        for info in _beacons(self.dir):
             pid = int(info["pid"])
             if pid in self.workers:
                 continue
@@ -276,17 +270,8 @@ class Watchdog:
         the main thread, so this runs first; a worker killed before this thread registered it
         (within a quarter second of its start) would otherwise end with no signal on record.
         Takes no lock (the main thread may hold it): it only reads beacons and stores codes."""
-        try:
-            paths = list(self.dir.glob("rank*.json"))
-        except OSError:
-            return
-        for path in paths:
-            if ".exit." in path.name:
-                continue
-            try:
-                pid = int(json.loads(path.read_text())["pid"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
+        for info in _beacons(self.dir):
+            pid = int(info["pid"])
             if pid in self._reported:
                 continue
             ended = _peek_exit(pid)
@@ -460,6 +445,26 @@ def _proc_state(pid: int) -> str | None:
         return None
     state = text.rsplit(")", 1)[1].split()[0]
     return None if state in ("Z", "X") else state
+
+
+def _beacons(directory: Path) -> list[dict[str, Any]]:
+    """The registrations (``rank<R>.json``: rank, pid, attempt, start) in ``directory`` that
+    can be read now; one being written is seen next time."""
+    out = []
+    try:
+        paths = list(directory.glob("rank*.json"))
+    except OSError:
+        return out
+    for path in paths:
+        if ".exit." in path.name:
+            continue
+        try:
+            info = json.loads(path.read_text())
+            int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append(info)
+    return out
 
 
 def _read_beat(path: Path) -> tuple[int, int] | None:
