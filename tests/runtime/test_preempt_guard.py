@@ -20,15 +20,17 @@ def on_exit(code, reason, message):
     open(out, "w").write(json.dumps(dict(code=code, reason=reason)))
 guard = PreemptGuard(["TERM", "USR1"], deadline_s=1.5, on_exit=on_exit).install()
 r, w = os.pipe()
-print("ready", flush=True)
 if mode == "poll":
+    print("ready", flush=True)
     while not guard.requested:
         time.sleep(0.01)
     open(out, "w").write(json.dumps(dict(signal=guard.signal_name, code=guard.exit_code)))
     sys.exit(0)
 if mode == "failing":
     with guard.during_failure():
+        print("ready", flush=True)  # inside the failure: a signal before it raises Preempted
         os.read(r, 1)  # blocked, as in a collective with a dead peer
+print("ready", flush=True)
 os.read(r, 1)  # blocked and not failing: only the deadline ends it
 """
 
