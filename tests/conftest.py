@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # The in-process tests of these folders (specs, the cost model, the planner, the simulators,
 # the store, the monitor's logic, the UI's data) run on the other worker meanwhile.
 LIGHT_DIRS = {"perf", "plan", "sim", "specs", "store", "health", "ui", "interop"}
-PROC_MARKS = {"dist", "external", "browser", "slow"}
+PROC_MARKS = {"dist", "external", "browser", "slow", "multinode"}
 
 
 def pytest_collection_modifyitems(config, items):

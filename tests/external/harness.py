@@ -253,7 +253,9 @@ def final_state(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
         restored = ckpt.restore_latest(source="storage", restore_rng=False, max_step=step)
     finally:
         ckpt.close()
-    assert restored is not None and restored.step == step, restored
+    found = None if restored is None else restored.step
+    assert found == step, f"{run_dir}: the newest storage checkpoint at or before step {step} " \
+                          f"is {found}"
     flat = {}
     for section in ("model", "optimizer"):
         flat.update({f"{section}/{k}": v for k, v in restored.state[section].items()

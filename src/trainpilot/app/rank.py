@@ -123,18 +123,22 @@ def build_monitor(job: WorkerJob, *, store, model: ModelSpec, plan: Plan, config
 
 
 def build_checkpointer(job: WorkerJob, *, plan: Plan, run_dir: Path, faults, elastic,
-                       cls: type | None = None):
+                       cls: type | None = None, watch_dir: Path | None = None):
     """The checkpointer of ``plan.checkpoint`` (None with ``--no-checkpoint``). A failed save
-    is logged and training goes on (the next one may succeed: a disk that was full)."""
+    is logged and training goes on (the next one may succeed: a disk that was full). On a
+    multi-node job its snapshots are also kept in the node's RAM under the launcher's
+    ``watch_dir``, so that a restarted worker still holds them (``checkpoint/nodemem.py``)."""
     if not job.checkpoint:
         return None
     from trainpilot.runtime.checkpoint import CheckpointConfig, Checkpointer
+    from trainpilot.runtime.checkpoint.nodemem import node_memory_dir_for
 
     timeout = elastic.config.collective_timeout_s if elastic is not None else 600.0
+    node_memory = node_memory_dir_for(watch_dir) if plan.checkpoint.in_memory_peer else None
     config = CheckpointConfig.from_policy(
         plan.checkpoint, run_dir / "checkpoints",
         on_write_error="warn", group_timeout_s=max(timeout, 60.0),
-        drain_timeout_s=max(2.0 * timeout, 10.0))
+        drain_timeout_s=max(2.0 * timeout, 10.0), node_memory_dir=node_memory)
     return (cls or Checkpointer)(config, faults=faults)
 
 
@@ -265,7 +269,8 @@ def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon
         part.faults = FaultInjector(job.inject, journal_path=run_dir / "faults.jsonl")
         part.checkpointer = build_checkpointer(job, plan=plan, run_dir=run_dir,
                                                faults=part.faults, elastic=session,
-                                               cls=hooks.checkpointer_cls)
+                                               cls=hooks.checkpointer_cls,
+                                               watch_dir=part.watch_dir)
         monitor = part.monitor = build_monitor(job, store=part.store, model=model, plan=plan,
                                                config=config, cluster=pred.get("cluster"))
         recorder = RunRecorder(part.store, rank=layout.rank, journal=part.faults,

@@ -30,6 +30,7 @@ from trainpilot.runtime.watchdog import (
     Observation,
     Watchdog,
     journal_lost_launch,
+    launches_elsewhere,
     log_launch,
     signal_name,
     watch_dir_for,
@@ -219,6 +220,9 @@ def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
                         "node's launcher reads the same run directory)")
     decision = decide(inspect(run_dir), resume, job.to_dict())
     run_dir.mkdir(parents=True, exist_ok=True)
+    joining = [] if args.standalone else launches_elsewhere(run_dir)
+    if joining:  # another host's launcher already decided where this job starts
+        decision.notes = [f"joining the job launched on {', '.join(joining)}"]
     for line in decision.notes:
         note(line)
     if decision.complete:
@@ -250,6 +254,7 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
     log_launch(run_dir, "launch_start")
     outcome = "failed"
     failure: BaseException | None = None
+    standby = False
     if on_launch is not None:
         on_launch()
     try:
@@ -259,12 +264,21 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
                 torchrun(args)
         except (ChildFailedError, SignalException) as err:
             failure = err
+        except AttributeError as err:
+            # torch 2.13's launch_agent reads ``result.is_failed()`` of an agent whose run
+            # ended without a result: a standby node (torchrun's redundancy list) whose job
+            # finished without needing it. The job's outcome is the run directory's.
+            if "is_failed" not in str(err):
+                raise
+            standby = True
         finally:
             dog.stop()
             if tail:
                 tail.stop()
         summary = _outcome(run_dir, watch, dog, failure, args)
         outcome = "completed"
+        if standby:
+            summary["standby_unused"] = True
         return summary
     except RunPreempted:
         outcome = "preempted"

@@ -514,20 +514,35 @@ def log_launch(run_dir: Path, kind: str, **details: Any) -> None:
     _log(run_dir, dict(kind=kind, pid=os.getpid(), host=os.uname().nodename, **details))
 
 
-def journal_lost_launch(run_dir: Path) -> dict[str, Any] | None:
-    """A previous launch of this run that started and never ended (its launcher was killed,
-    or its machine went away) is an external fault nobody else could journal: journal it now,
-    with the last step its workers reported. Returns the record."""
+def _launch_records(run_dir: Path) -> list[dict[str, Any]]:
     records = []
     try:
         lines = (run_dir / LAUNCHER_JOURNAL).read_text().splitlines()
     except OSError:
-        return None
+        return []
     for line in lines:
         try:
             records.append(json.loads(line))
         except ValueError:
             continue
+    return records
+
+
+def launches_elsewhere(run_dir: Path) -> list[str]:
+    """Hosts other than this one with a launch of this run that has not ended: on a multi-node
+    job, the launchers this one joins (the same command runs on every host)."""
+    records = _launch_records(run_dir)
+    ended = {(r.get("host"), r.get("pid")) for r in records if r.get("kind") == "launch_end"}
+    host = os.uname().nodename
+    return sorted({r["host"] for r in records if r.get("kind") == "launch_start"
+                   and r.get("host") != host and (r.get("host"), r.get("pid")) not in ended})
+
+
+def journal_lost_launch(run_dir: Path) -> dict[str, Any] | None:
+    """A previous launch of this run that started and never ended (its launcher was killed,
+    or its machine went away) is an external fault nobody else could journal: journal it now,
+    with the last step its workers reported. Returns the record."""
+    records = _launch_records(run_dir)
     host = os.uname().nodename
     starts = [r for r in records if r.get("kind") == "launch_start" and r.get("host") == host]
     if not starts:

@@ -38,6 +38,7 @@ from trainpilot.runtime.checkpoint.config import (
     Restored,
     SaveReport,
 )
+from trainpilot.runtime.checkpoint.nodemem import NodeMemory
 from trainpilot.runtime.checkpoint.peer import MemoryTier, default_offset, ring_exchange
 from trainpilot.runtime.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainpilot.runtime.checkpoint.snapshot import (
@@ -102,6 +103,12 @@ class Checkpointer:
         self.reports: deque[SaveReport] = deque(maxlen=256)  # the most recent saves
         self.errors: list[CheckpointWriteError] = []
         self.rebind(process_group)
+        self.node_memory: NodeMemory | None = None
+        if config.node_memory_dir is not None:
+            # A restarted worker finds what its predecessor on this node held.
+            self.node_memory = NodeMemory(config.node_memory_dir,
+                                          local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+            self.node_memory.load(self.memory, rank=self.rank)
 
     # -- group -----------------------------------------------------------------------------
     def rebind(self, process_group: Any = None, *, drain_timeout_s: float | None = None,
@@ -255,10 +262,14 @@ class Checkpointer:
             report.copy_s = time.perf_counter() - t
             staged.set_result(report.copy_s)
         try:
+            held = None
             if self.config.in_memory_peer and self.world_size > 1:
                 t = time.perf_counter()
-                ring_exchange(self.memory, snap, group=self.group.pg, offset=self.peer_offset)
+                held = ring_exchange(self.memory, snap, group=self.group.pg,
+                                     offset=self.peer_offset)
                 report.exchange_s = time.perf_counter() - t
+            if self.node_memory is not None:
+                self._spill(snap, held)
             if report.to_storage:
                 t = time.perf_counter()
                 self._write_storage(snap, report)
@@ -269,6 +280,19 @@ class Checkpointer:
             raise CheckpointWriteError(snap.step, {self.rank: err}) from err
         self.reports.append(report)
         return report
+
+    def _spill(self, snap: HostSnapshot, held: HostSnapshot | None) -> None:
+        """Copy the completed snapshots into the node's memory folder; a failure there (the
+        RAM folder full) costs that shortcut only, never the save."""
+        node = self.node_memory
+        if node is None:
+            return
+        try:
+            node.spill(snap, kind="own")
+            if held is not None:
+                node.spill(held, kind="held")
+        except OSError as err:
+            log.warning("step %d not kept in the node's memory folder: %s", snap.step, err)
 
     def _write_storage(self, snap: HostSnapshot, report: SaveReport) -> None:
         import torch.distributed.checkpoint as dcp
@@ -373,6 +397,8 @@ class Checkpointer:
         if source == "memory":
             self._base = None  # the next storage save is a full one
         self.memory.drop_after(step)
+        if self.node_memory is not None:
+            self.node_memory.drop_after(step)
         if self.rank == 0:
             layout.remove_uncommitted(self.root)
             if path is not None and layout.read_latest(self.root) != layout.step_dir_name(step):

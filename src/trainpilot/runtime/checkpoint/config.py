@@ -19,6 +19,9 @@ class CheckpointConfig:
     ``full_every``: with ``incremental``, every Nth storage save rewrites everything, which
     bounds how far back a checkpoint's files may reach. ``peer_offset``: ring distance of the
     in-memory copy (None: ranks per node from LOCAL_WORLD_SIZE, or 1 on a single node).
+    ``node_memory_dir``: a node-local RAM folder that outlives the worker process (the
+    launcher's); every snapshot is also spilled there and a restarted worker restores from it
+    (``nodemem.py``). None: the memory tier lives and dies with the process.
     """
 
     root_dir: str | os.PathLike
@@ -37,6 +40,7 @@ class CheckpointConfig:
     on_write_error: Literal["raise", "warn"] = "raise"
     group_timeout_s: float = 600.0  # per collective of the checkpointer's own gloo group
     drain_timeout_s: float = 60.0  # wait this long for a save in flight before abandoning it
+    node_memory_dir: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root_dir", Path(self.root_dir))

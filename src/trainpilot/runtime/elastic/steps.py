@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainpilot.runtime.checkpoint.layout import committed
@@ -45,6 +46,20 @@ def _anything_to_restore(trainer: Trainer) -> bool:
     return not ckpt.group.all_true(not local)
 
 
+def _restarted_in_this_launch() -> bool:
+    """Whether this launcher already ran a worker that is gone: torchrun re-formed the job
+    without counting a restart (a membership change: a node lost and a standby joined, or a
+    node added). The launcher's node-local watch folder keeps every worker's beacon."""
+    watch = os.environ.get("TRAINPILOT_WATCH_DIR")
+    if not watch:
+        return False
+    for path in Path(watch).glob("rank*.beat.*"):
+        pid = int(path.name.rsplit(".", 1)[1])
+        if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+            return True
+    return False
+
+
 def resume(trainer: Trainer) -> Any:
     """Restore the newest checkpoint at the start of ``fit`` (None on a fresh run: nothing is
     touched). A replacement process runs the same collectives here as its peers in
@@ -55,7 +70,8 @@ def resume(trainer: Trainer) -> Any:
     elastic = trainer.elastic
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     replacement = elastic is not None and elastic.is_replacement
-    reason = "replacement" if replacement else "torchrun" if restarts > 0 else "resume"
+    reason = ("replacement" if replacement else "torchrun" if restarts > 0
+              else "membership" if _restarted_in_this_launch() else "resume")
     if restored is None:
         if reason != "resume":  # restarted before any checkpoint was committed: from scratch
             trainer.emit("restart", dict(reason=reason, restored_step=0, source="initial",
@@ -78,7 +94,9 @@ def save_if_due(trainer: Trainer) -> Any:
     every = trainer.config.checkpoint_every or trainer.plan.checkpoint.interval_steps
     if trainer.step % every:
         return None
-    to_storage = trainer.num_saves % trainer.config.storage_every == 0
+    # Counted by step, not by saves made: a restarted run keeps the uninterrupted run's storage
+    # cadence (the 1st, (1+K)th, ... interval), whatever it restored.
+    to_storage = (trainer.step // every - 1) % trainer.config.storage_every == 0
     report_failed_save(trainer)
     previous = _written(getattr(trainer, "_last_save", None))
     trainer._phase("collective")  # the save waits for the previous one's collectives
