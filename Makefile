@@ -23,6 +23,7 @@ demo: setup
 
 test: setup
 	bash scripts/install_browser.sh
+	bash scripts/install_netns.sh
 	VENV=$(VENV) bash scripts/check.sh
 	$(PYTHON) -m pytest -q -n 2 --dist loadgroup --durations=25
 
