@@ -243,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        if not summary.get("already_complete"):
+        if not (summary.get("already_complete") or summary.get("left_job")):
             print_train_summary(summary)
         console.print(final_line(summary), soft_wrap=True)
     return 0
@@ -282,6 +282,8 @@ def final_line(summary: dict[str, Any]) -> str:
     """One honest line: complete, and from which faults it recovered."""
     if summary.get("already_complete"):
         return f"nothing to do: {summary['run_dir']} already completed {summary.get('steps')} steps"
+    if summary.get("left_job"):
+        return str(summary["left_job"])
     faults = summary.get("faults") or []
     recoveries = summary.get("recoveries") or []
     resumed = [r for r in recoveries if r.get("reason") == "resume"]

@@ -243,6 +243,7 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
     end are recorded in ``launcher.jsonl`` (a launch with no end was killed)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import run as torchrun
 
     watch = watch_dir_for(os.getpid())
@@ -254,7 +255,7 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
     log_launch(run_dir, "launch_start")
     outcome = "failed"
     failure: BaseException | None = None
-    standby = False
+    left = ""  # why this host's agent ended without running the job to its end
     if on_launch is not None:
         on_launch()
     try:
@@ -270,15 +271,21 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
             # finished without needing it. The job's outcome is the run directory's.
             if "is_failed" not in str(err):
                 raise
-            standby = True
+            left = "a standby the job finished without"
+        except RendezvousError as err:
+            # This host lost the rendezvous (its store's host finished, or a partition cut it
+            # off): the job may have gone on, or finished, without it.
+            left = f"the rendezvous is gone from here ({_first_line(err)})"
         finally:
             dog.stop()
             if tail:
                 tail.stop()
+        if left:
+            summary = _left_job(run_dir, left, args)
+            outcome = "left"
+            return summary
         summary = _outcome(run_dir, watch, dog, failure, args)
         outcome = "completed"
-        if standby:
-            summary["standby_unused"] = True
         return summary
     except RunPreempted:
         outcome = "preempted"
@@ -435,6 +442,25 @@ def _agent_logs_to(path: Path, *extra: Any) -> Iterator[None]:
             logger.handlers, logger.propagate = handlers, propagate
             logger.setLevel(level)
         handler.close()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _left_job(run_dir: Path, why: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A multi-node host whose agent left the rendezvous: fine (exit 0) when the job completed
+    on the others (the summary says so); otherwise a failure that says why, in one line."""
+    summary = _read_json(run_dir / "summary.json")
+    job = _read_json(run_dir / "job.json") or {}
+    target = (job.get("config") or {}).get("steps")
+    if (summary is not None and target is not None and summary.get("steps", 0) >= target
+            and not summary.get("stopped")):
+        return dict(summary, left_job=f"this host left the job: {why}; the job completed on "
+                                      "the other hosts")
+    raise TrainingFailed(f"this host left the job: {why}; the job did not complete here (the "
+                         f"other hosts may go on without it; logs: {args.log_dir})")
 
 
 def _outcome(run_dir: Path, watch: Path, dog: Watchdog, failure: BaseException | None,

@@ -1,0 +1,92 @@
+"""The network between hosts fails, on a cluster of network namespaces: node1's link down for
+2 s (shorter than the collective timeout: TCP retransmits inside the collective, the step
+takes the blip and is committed once, nothing restarts), and node0 and node1 cut from each
+other for 60 s (longer than every timeout: the job goes on with the spare, its state from
+node0's memory; node1 leaves with one line once the partition heals). Both end bit-identical
+to the uninterrupted single-host run."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.external.harness import STEPS2, assert_same_run, events
+from tests.multinode.harness import (
+    cluster_faults,
+    completed_steps,
+    journal_fault,
+    launch,
+    wait_standby,
+)
+
+pytestmark = [pytest.mark.multinode, pytest.mark.dist]
+
+EXTRA = ("--storage-every", "2")  # memory copies at 3, 6, 9, 12; storage at 3 and 9
+
+
+def _steps(run_dir) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == "step"]
+
+
+def _start(run, *, spare: bool) -> None:
+    run.start("node0")
+    run.wait_rendezvous_host()
+    run.start("node1")
+    assert run.wait_ranks(2) == {"node0": [0], "node1": [1]}
+    if spare:
+        run.start("spare")
+        wait_standby(run, "spare")
+
+
+@pytest.mark.timeout(240)
+def test_link_down_for_2_s_is_absorbed_and_the_step_committed_once(ref2, cluster, tmp_path):
+    with launch(cluster, tmp_path / "run", steps=STEPS2, every=3, extra=EXTRA) as run:
+        _start(run, spare=False)
+        run.wait_step(5)
+        journal_fault(run.run_dir, "link_down", host="node1",
+                      step=completed_steps(run.run_dir) + 1, duration_s=2.0)
+        cluster.link_down("node1")
+        assert not cluster.link_is_up("node1")  # the fault fired
+        time.sleep(2.0)
+        cluster.link_up("node1")
+        assert run.wait() == {"node0": 0, "node1": 0}, run.outputs()
+    steps = _steps(run.run_dir)
+    assert [r["step"] for r in steps] == list(range(1, STEPS2 + 1))  # each committed once
+    slow = [r["step"] for r in steps if r["step_time_s"] >= 2.0]
+    assert len(slow) == 1, [(r["step"], round(r["step_time_s"], 2)) for r in steps]  # the blip
+    assert events(run.run_dir, ["restart"]) == []  # absorbed: nothing restarted
+    assert [f["kind"] for f in cluster_faults(run.run_dir)] == ["link_down"]
+    assert_same_run(run.run_dir, ref2, step=9, num_steps=STEPS2)
+
+
+@pytest.mark.timeout(300)
+def test_partition_for_60_s_recovers_with_the_spare_bit_exact(ref2, cluster, tmp_path):
+    with launch(cluster, tmp_path / "run", steps=STEPS2, every=3, extra=EXTRA) as run:
+        _start(run, spare=True)
+        run.wait_step(5)
+        journal_fault(run.run_dir, "partition", host="node1",
+                      step=completed_steps(run.run_dir) + 1, peer="node0", duration_s=60.0)
+        cut = time.monotonic()
+        cluster.partition("node0", "node1")
+        assert run.wait(["node0", "spare"], timeout=120) == {"node0": 0, "spare": 0}, \
+            run.outputs()
+        finished = time.monotonic() - cut
+        assert run.jobs["node1"].proc.poll() is None  # still cut off, waiting
+        time.sleep(max(0.0, 60.0 - (time.monotonic() - cut)))
+        dropped = cluster.dropped("node0") + cluster.dropped("node1")
+        cluster.heal("node0", "node1")
+        # Healed, node1 finds the rendezvous gone and leaves: one line, no traceback.
+        node1 = run.jobs["node1"]
+        assert node1.proc.wait(90) == 0, node1.output()[-3000:]
+        said = node1.output()
+    assert dropped > 0, "the partition dropped nothing"  # the fault fired
+    assert finished < 60.0  # the job did not wait for the partition to heal
+    assert said.strip().splitlines()[-1].startswith("this host left the job"), said[-2000:]
+    assert "Traceback" not in said
+    [restart] = [e.payload for e in events(run.run_dir, ["restart"])]
+    assert restart["source"] == "memory" and restart["reason"] == "membership", restart
+    assert [f["kind"] for f in cluster_faults(run.run_dir)] == ["partition"]
+    assert_same_run(run.run_dir, ref2, step=9, num_steps=STEPS2)
