@@ -291,10 +291,12 @@ class FaultInjector:
     def on_step(self, step: int, *, rank: int, step_time_s: float | None = None) -> None:
         """Call at the start of each step: crash, hang or slow this rank when scheduled.
 
-        ``step_time_s``: the rank's normal step time, for ``slow`` (sleeps (factor-1) x it).
+        ``step_time_s``: the rank's normal step time, for ``slow`` (sleeps (factor-1) x it, or
+        (factor-1) x the fault's ``seconds`` when it gives them).
         """
         for fault in self._due(("slow",), step=step, rank=rank, at="step"):
-            base = step_time_s if step_time_s is not None else fault.get("seconds")
+            # ``seconds`` given: (factor - 1) x that, whatever the step time is.
+            base = fault.get("seconds") if fault.get("seconds") is not None else step_time_s
             if base is None:
                 raise ValueError(f"{fault.id}: pass step_time_s or give seconds=...")
             delay = (fault.get("factor") - 1) * base

@@ -35,6 +35,7 @@ from trainpilot.runtime.elastic.rendezvous import (
     abort_world,
     base_store,
     client_store,
+    host_name,
 )
 
 if TYPE_CHECKING:
@@ -123,8 +124,30 @@ class ElasticSession:
                 return True
             if self.gens.current() > gen:
                 return False
+            lost = self._lost_elsewhere()
+            if lost is not None:
+                raise JoinTimeout(
+                    f"rank {self.rank}: rank {lost.rank} on host {lost.host} is gone "
+                    f"({lost.reason} for {lost.waited_s:.1f} s) and nothing on this host can "
+                    "replace it: leaving, so that torchrun re-forms the job")
             time.sleep(0.02)
         return False
+
+    def _lost_elsewhere(self) -> Verdict | None:
+        """A peer this rank declared failed (silent, or hung: it is killed) that ran on another
+        host. Only a supervisor on one machine replaces a single process (``LocalSupervisor``);
+        across hosts torchrun re-forms the whole job, and it only does so once a worker here
+        fails: waiting out ``join_timeout_s`` for a replacement that cannot come would only
+        lose that time."""
+        if self.heartbeat is None:
+            return None
+        here = host_name()
+        for verdict in self.heartbeat.verdicts:
+            view = self.heartbeat.peers.get(verdict.rank)
+            still = view is not None and view.info.get("incarnation") == verdict.incarnation
+            if still and verdict.host not in (None, here):
+                return verdict  # that very process, not a replacement that came back since
+        return None
 
     # -- failures ----------------------------------------------------------------------------
     def _on_verdict(self, verdict: Verdict) -> None:
