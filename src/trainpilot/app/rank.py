@@ -296,6 +296,8 @@ def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon
                            checkpointer=part.checkpointer, faults=part.faults, monitor=monitor,
                            elastic=session, preempt=guard)
         emit.target = part.trainer.emit
+        if rank0 and session is not None and _multi_node():
+            part.trainer.drain_requested = DrainCheck(part.trainer, run_dir)
         if rank0:
             # A preemption marker of an earlier attempt: this one trains on (torchrun's agent
             # also stops healthy workers with SIGTERM when the job's membership changes; they
@@ -330,6 +332,8 @@ def finish(part: Rank, summary: dict[str, Any], *, guard: PreemptGuard | None = 
     """After ``fit``: rank 0 writes ``summary.json`` (or ``preempted.json``); returns the
     outcome."""
     trainer = part.trainer
+    if trainer.stop_reason == "drain":
+        return _leave_or_stay(part)
     if trainer.stop_reason == "preempted":
         if trainer.layout.rank == 0:
             _write_preempted(part.run_dir, trainer, guard)
@@ -345,6 +349,61 @@ def finish(part: Rank, summary: dict[str, Any], *, guard: PreemptGuard | None = 
             summary.update(_whole_run(part.store))
         _write_summary(part.run_dir, part.watch_dir, summary)
     return "completed"
+
+
+def _multi_node() -> bool:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+class DrainCheck:
+    """Rank 0's look for a drain request (``runtime.drain``), at most once a second; a request
+    for a host none of the job's ranks runs on is recorded as done and ignored."""
+
+    def __init__(self, trainer, run_dir: Path):
+        from trainpilot.runtime.drain import DrainWatch
+
+        self.trainer, self.run_dir, self.watch = trainer, run_dir, DrainWatch(run_dir)
+
+    def __call__(self) -> bool:
+        from trainpilot.runtime.drain import mark_done, read_request
+        from trainpilot.runtime.elastic.rendezvous import host_name
+
+        if not self.watch():
+            return False
+        request = read_request(self.run_dir)
+        if request is None:
+            return False
+        heartbeat = getattr(self.trainer.elastic, "heartbeat", None)
+        hosts = {host_name()} | {v.info.get("host") for v in
+                                 (heartbeat.peers.values() if heartbeat is not None else ())}
+        if request["host"] in hosts:
+            return True
+        mark_done(self.run_dir, dict(request, note="no rank of the job runs on that host"),
+                  step=self.trainer.step, ranks=[])
+        return False
+
+
+def _leave_or_stay(part: Rank) -> str:
+    """After a drain's step is saved: ``"drained"`` for the ranks on the drained host (they
+    leave), ``"drain_peer"`` for the others (they exit so that torchrun re-forms the job)."""
+    from trainpilot.runtime.drain import mark_done, read_request
+    from trainpilot.runtime.elastic.rendezvous import host_name
+
+    trainer, ckpt = part.trainer, part.trainer.checkpointer
+    rank0 = trainer.layout.rank == 0
+    request = read_request(part.run_dir) if rank0 else None
+    if ckpt is None:  # no group of our own to agree on: the file is on a shared disk
+        request = read_request(part.run_dir)
+        host = request["host"] if request else ""
+        mine = [host_name() == host]
+    else:
+        host = next(h for h in ckpt.group.all_gather(request["host"] if request else "") if h)
+        mine = ckpt.group.all_gather(host_name() == host)
+    if rank0 and request is not None:
+        mark_done(part.run_dir, request, step=trainer.step,
+                  ranks=[r for r, drained in enumerate(mine) if drained])
+    return "drained" if host_name() == host else "drain_peer"
 
 
 class BeaconSteps(Callback):

@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         first = (str(err).strip().splitlines() or [""])[0][:300]
         beacon.record_exit(1, _failure_reason(err), f"{type(err).__name__}: {first}")
         raise
+    if outcome == "drain_peer":  # the job moves off a drained host: torchrun re-forms it
+        from trainpilot.runtime.drain import EXIT_DRAINED_PEER
+
+        beacon.record_exit(EXIT_DRAINED_PEER, outcome, "a host was drained: the job re-forms")
+        return EXIT_DRAINED_PEER
     beacon.record_exit(0, outcome)
     return 0
 

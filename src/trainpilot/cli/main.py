@@ -20,6 +20,7 @@ VERBS = [
     "diagnose",
     "monitor",
     "train",
+    "drain",
     "dashboard",
     "report",
     "predict",

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -248,7 +249,8 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
 
     watch = watch_dir_for(os.getpid())
     env = _worker_env(args, watch, signals)
-    dog = Watchdog(watch, run_dir=run_dir, on_observation=_StopOnBadInput(),
+    dog = Watchdog(watch, run_dir=run_dir,
+                   on_observation=_OnWorkerEnd(run_dir, watch, local_ranks=_nproc(args) or 1),
                    timeout_s=float(elastic.get("heartbeat_timeout_s", 3.0))).start()
     tail = _Tail([watch / "stream.jsonl", run_dir / "metrics.jsonl"], on_record, note) \
         if (on_record or note) else None
@@ -312,17 +314,36 @@ def _on_sigchld(dog: Watchdog):
         signal.signal(signal.SIGCHLD, previous)
 
 
-class _StopOnBadInput:
-    """A worker refused its input: restarting cannot help, so end the launch once (torchrun's
-    agent stops its workers on the launcher's SIGTERM; the outcome reports the worker's line)."""
+class _OnWorkerEnd:
+    """What a worker's own exit record asks of the launcher.
 
-    def __init__(self) -> None:
+    ``bad_input``: restarting cannot help, so end the launch once (torchrun's agent stops its
+    workers on the launcher's SIGTERM; the outcome reports the worker's line).
+    ``drained`` (``runtime.drain``), once every local rank said so: this host leaves the job at
+    once, without torchrun's shutdown, which would close the rendezvous the other hosts re-form
+    the job through (its exit barrier would also hold this launcher for minutes)."""
+
+    def __init__(self, run_dir: Path, watch: Path, *, local_ranks: int) -> None:
+        self.run_dir, self.watch, self.local_ranks = run_dir, watch, local_ranks
         self.sent = False
+        self.drained: set[int] = set()
 
     def __call__(self, obs: Observation) -> None:
         if obs.kind == "exit" and obs.reason == "bad_input" and not self.sent:
             self.sent = True
             os.kill(os.getpid(), signal.SIGTERM)
+        if obs.kind == "exit" and obs.reason == "drained":
+            self.drained.add(obs.rank)
+            if len(self.drained) >= self.local_ranks:
+                self._leave(obs.step)
+
+    def _leave(self, step: int) -> None:
+        log_launch(self.run_dir, "launch_end", outcome="drained", step=step)
+        shutil.rmtree(self.watch, ignore_errors=True)
+        print(f"this host was drained after step {step}: its ranks saved that step and left; "
+              "the job goes on without it", flush=True)
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _check_options(inject: str | None, elastic: dict[str, Any] | None, callbacks, *, config,

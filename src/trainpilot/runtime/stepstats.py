@@ -31,6 +31,7 @@ class StepStats:
         self.phase: Callable[[str], None] | None = None
         self._result: tuple[float, float | None] | None = None
         self.num_preempted = 0  # ranks that received a preemption signal (see runtime.preempt)
+        self.num_drain = 0  # 1 when rank 0 saw a drain request (see runtime.drain)
         self.wait_s = 0.0  # how long this rank waited for the all-reduce (a slow peer shows)
 
     def wait(self, step: int) -> tuple[float, float | None]:
@@ -56,6 +57,7 @@ class StepStats:
                 f"(this rank: {'non-finite' if self.nonfinite else 'finite'}); the reduced "
                 "gradients differ between ranks (changed after the reduction?)")
         self.num_preempted = round(float(stats[3])) if stats.numel() > 3 else 0
+        self.num_drain = round(float(stats[4])) if stats.numel() > 4 else 0
         aux = float(stats[1]) / self.replicas / self.num_moe if self.num_moe else None
         self._result = float(stats[0]) / self.replicas, aux
         return self._result

@@ -141,6 +141,9 @@ class Trainer:
         self.preempt = preempt  # a PreemptGuard: its signal stops the run after a checkpoint
         self.preempt_checkpoint: str | None = None  # the last-moment checkpoint's folder
         self.preempt_signal = ""  # which signal stopped the run (any rank's)
+        # Rank 0's look for a drain request (runtime.drain): True stops every rank after the
+        # step, which is saved; the caller then leaves the job (app.rank.finish).
+        self.drain_requested: Callable[[], bool] | None = None
         self.use_comm_hook = comm_hook
         self.loss_fn = loss_fn or token_cross_entropy
         self.callbacks = list(callbacks)
@@ -412,9 +415,11 @@ class Trainer:
         aux = sum((m.take_aux_loss().to(device) for m in self.model.moe_layers()),
                   torch.zeros((), device=device))
         preempt = float(self.preempt is not None and self.preempt.requested)
+        drain = float(self.drain_requested is not None and self.drain_requested())
         stats = torch.stack([loss.float().to(device), aux.float(),
                              torch.tensor(float(nonfinite), device=device),
-                             torch.tensor(preempt, device=device)])
+                             torch.tensor(preempt, device=device),
+                             torch.tensor(drain, device=device)])
         num_moe = self.spec.num_moe_layers if self.spec is not None else 0
         out = StepStats(stats, nonfinite=nonfinite, num_moe=num_moe,
                         strict=not self.scaler.is_enabled())
@@ -516,6 +521,8 @@ class Trainer:
         loss_value, aux = stats.wait(step)
         if stats.num_preempted:  # a rank was signalled: every rank stops after this step
             self.stop_reason = "preempted"
+        elif stats.num_drain:  # rank 0 saw a drain request: the same, then leave the host
+            self.stop_reason = "drain"
         comm = self.comm_hook.end_step() if self.comm_hook is not None else None
         _synchronize(self.layout.device)
         # A wait for the checkpoint copy is the checkpoint's stall, not the step's.
@@ -631,6 +638,9 @@ class Trainer:
         if self.stop_reason == "preempted":
             self.emit("preempted", dict(step=self.step, signal=self.preempt.signal_name
                                         if self.preempt is not None else None))
+            save_now(self)
+        elif self.stop_reason == "drain":
+            self.emit("drain", dict(step=self.step))
             save_now(self)
         if self.checkpointer is not None:
             self._phase("collective")

@@ -1,0 +1,56 @@
+"""A degrading host drained to the standby before it fails: node1's link slowed to 40 Mbit/s
+(its steps take several times longer), ``trainpilot drain RUN --host node1``: after its next
+step every rank saves that step, node1's launcher leaves, the spare waiting in the rendezvous
+joins and restores the drained step from node0's memory; then node1 is killed (nothing of the
+job is left there). Zero steps lost: no step is trained twice, and the run ends bit-identical
+to the uninterrupted single-host run. (The same host lost without a drain costs the steps
+since the last checkpoint: test_node_loss.py, where step 7 is trained twice.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.external.harness import STEPS2, assert_same_run, events
+from tests.multinode.harness import completed_steps, journal_fault, launch, wait_standby
+
+pytestmark = [pytest.mark.multinode, pytest.mark.dist]
+
+
+@pytest.mark.timeout(300)
+def test_a_degraded_host_drained_to_the_standby_loses_no_step(ref2, cluster, tmp_path):
+    with launch(cluster, tmp_path / "run", steps=STEPS2, every=3,
+                extra=("--storage-every", "2")) as run:
+        run.start("node0")
+        run.wait_rendezvous_host()
+        run.start("node1")
+        assert run.wait_ranks(2) == {"node0": [0], "node1": [1]}
+        run.start("spare")
+        wait_standby(run, "spare")
+        run.wait_step(3)
+        journal_fault(run.run_dir, "degraded_link", host="node1",
+                      step=completed_steps(run.run_dir) + 1, rate_mbit=40)
+        cluster.shape("node1", 40.0)
+        run.wait_step(5)
+        drain = run_cli("drain", str(run.run_dir), "--host", "node1", "--json")
+        assert drain.returncode == 0, drain.stderr
+        assert json.loads(drain.stdout)["host"] == "node1"
+        assert run.jobs["node1"].proc.wait(60) == 0, run.outputs()  # left, not failed
+        left = run.jobs["node1"].output()
+        assert "this host was drained after step" in left
+        assert cluster.kill_node("node1") == []  # the failure it got ahead of: nothing left
+        assert run.wait(["node0", "spare"]) == {"node0": 0, "spare": 0}, run.outputs()
+    done = json.loads((run.run_dir / "drained.json").read_text())
+    assert done["host"] == "node1" and done["drained_ranks"] == [1]
+    assert not (run.run_dir / "drain.json").exists()  # not drained again by the next attempt
+    [restart] = [e.payload for e in events(run.run_dir, ["restart"])]
+    assert (restart["source"], restart["restored_step"]) == ("memory", done["step"]), restart
+    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
+    steps = [r["step"] for r in map(json.loads, lines) if r.get("kind") == "step"]
+    assert steps == list(range(1, STEPS2 + 1))  # zero steps lost: none trained twice
+    slow = [r for r in map(json.loads, lines) if r.get("kind") == "step"
+            and 4 <= r["step"] <= done["step"]]
+    assert slow and min(r["step_time_s"] for r in slow) > 0.4  # the degradation was real
+    assert_same_run(run.run_dir, ref2, step=9, num_steps=STEPS2)
