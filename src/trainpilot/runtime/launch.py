@@ -413,7 +413,24 @@ def _worker_env(args: argparse.Namespace, watch: Path, signals: tuple[str, ...])
     names = [n.strip() for n in handled.split(",") if n.strip()]
     names += [f"SIG{s}" for s in signals if f"SIG{s}" not in names]
     env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(names)
+    if not args.standalone:
+        env[ENV_RDZV_DEAD_S] = f"{rendezvous_dead_s(args.rdzv_conf):g}"
     return env
+
+
+ENV_RDZV_DEAD_S = "TRAINPILOT_RDZV_DEAD_S"
+
+
+def rendezvous_dead_s(rdzv_conf: str | None) -> float:
+    """How long torchrun's c10d rendezvous takes to drop a host that went silent: its
+    keep-alive interval times the attempts it allows (``--rdzv-conf``; torch's defaults 5 s
+    and 3)."""
+    conf = dict(part.split("=", 1) for part in (rdzv_conf or "").split(",") if "=" in part)
+    try:
+        return float(conf.get("keep_alive_interval", 5)) * float(
+            conf.get("keep_alive_max_attempt", 3))
+    except ValueError:
+        return 15.0
 
 
 @contextlib.contextmanager

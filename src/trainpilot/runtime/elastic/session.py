@@ -21,6 +21,7 @@ nothing is in memory, and all restore from storage); the local supervisor
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -119,12 +120,13 @@ class ElasticSession:
         the deadline passed (the store's own wait would use the short collective timeout)."""
         store, world = self.gens.store, self.env.world_size
         store.add(f"gen{gen}/arrived", 1)
+        start = time.monotonic()
         while time.monotonic() < deadline:
             if int(store.add(f"gen{gen}/arrived", 0)) >= world:
                 return True
             if self.gens.current() > gen:
                 return False
-            lost = self._lost_elsewhere()
+            lost = self._lost_elsewhere(since=start)
             if lost is not None:
                 raise JoinTimeout(
                     f"rank {self.rank}: rank {lost.rank} on host {lost.host} is gone "
@@ -133,13 +135,18 @@ class ElasticSession:
             time.sleep(0.02)
         return False
 
-    def _lost_elsewhere(self) -> Verdict | None:
+    def _lost_elsewhere(self, *, since: float) -> Verdict | None:
         """A peer this rank declared failed (silent, or hung: it is killed) that ran on another
         host. Only a supervisor on one machine replaces a single process (``LocalSupervisor``);
         across hosts torchrun re-forms the whole job, and it only does so once a worker here
         fails: waiting out ``join_timeout_s`` for a replacement that cannot come would only
-        lose that time."""
+        lose that time. It waits first for torchrun's rendezvous to drop the silent host
+        (``TRAINPILOT_RDZV_DEAD_S``, set by the launcher, plus 3 s): a standby waiting there
+        then re-forms the job without using one of ``--max-restarts``."""
         if self.heartbeat is None:
+            return None
+        dead_s = float(os.environ.get("TRAINPILOT_RDZV_DEAD_S", "0")) + 3.0
+        if time.monotonic() - since < dead_s:
             return None
         here = host_name()
         for verdict in self.heartbeat.verdicts:
