@@ -95,6 +95,9 @@ def cases(p: dict[str, str]) -> list[tuple[str, list[str]]]:
     out.append(("export-weights-out-file", ["export-weights", run, "--to", "hf", "--output",
                                             p["text"]]))
     out.append(("export-metrics-tb-file", ["export-metrics", run, "--tensorboard", p["text"]]))
+    for key in RUN_PATHS:
+        out.append((f"drain-{key}", ["drain", p[key], "--host", "node1"]))
+    out.append(("drain-blank-host", ["drain", run, "--host", " "]))
     out.append(("diagnose-none", ["diagnose"]))
     out.append(("diagnose-validate-with-log", ["diagnose", "--validate", p["text"]]))
     # ---- other verbs (their owners fix what KNOWN lists)
