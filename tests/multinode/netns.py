@@ -67,6 +67,11 @@ def missing_requirements(*, iptables: bool = True) -> str | None:
     for tool in tools:
         if shutil.which(tool) is None:
             return f"needs {tool} on PATH"
+    probe = f"{PREFIX}probe{os.getpid()}"  # root in a container may still lack CAP_SYS_ADMIN
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    if made.returncode:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
     return None
 
 
