@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import tempfile
 import threading
@@ -52,12 +53,41 @@ LAUNCHER_JOURNAL = "launcher.jsonl"
 _PR_SET_PDEATHSIG = 1
 
 
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _sweep_dead_launchers(base: Path) -> None:
+    """Remove the folders of launchers of this host that are gone (killed by SIGKILL: they
+    could not clean up, and on a multi-node job the folder holds snapshots in RAM)."""
+    ours = _pid_namespace()
+    for folder in base.glob("trainpilot-*-*"):
+        try:
+            if ours is None or (folder / "pidns").read_text() != ours:
+                continue  # a pid of another pid namespace (containers sharing /dev/shm)
+            pid = int(folder.name.split("-")[1])
+            os.kill(pid, 0)
+        except OSError as err:
+            if isinstance(err, ProcessLookupError):
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
+        except ValueError:
+            continue
+
+
 def watch_dir_for(launcher_pid: int) -> Path:
     """A new node-local folder for one launch (RAM-backed where possible: it must work when
     the run's disk is full)."""
     base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+    _sweep_dead_launchers(base)
     path = base / f"trainpilot-{launcher_pid}-{time.time_ns()}"
     path.mkdir(parents=True)
+    ns = _pid_namespace()
+    if ns is not None:
+        (path / "pidns").write_text(ns)
     return path
 
 
