@@ -53,7 +53,7 @@ from tests.multinode.harness import (  # noqa: E402
     completed_steps,
     kill_host,
     launch,
-    wait_standby,
+    start_with_standby,
     wait_step_after_restart,
 )
 from tests.multinode.netns import NetCluster, missing_requirements  # noqa: E402
@@ -69,14 +69,7 @@ def _cpu_s() -> float:
 
 def trial(net: NetCluster, run_dir: Path, *, reference: Path, from_storage: bool) -> dict:
     with launch(net, run_dir, steps=STEPS, every=EVERY, extra=EXTRA) as run:
-        run.start("node0")
-        run.wait_rendezvous_host()
-        run.start("node1")
-        run.wait_ranks(2)
-        t_spare = time.monotonic()
-        run.start("spare")
-        wait_standby(run, "spare")
-        rejoin = time.monotonic() - t_spare
+        rejoin = start_with_standby(run)
         run.wait_step(7)
         before = net.port_bytes("spare")["received"]
         t0 = time.monotonic()
@@ -120,12 +113,7 @@ def chaos(net: NetCluster, run_dir: Path, *, steps: int, mean_gap_s: float, seed
     lines: list = []
     faults, skipped = [], 0
     with launch(net, run_dir, steps=steps, every=EVERY, extra=EXTRA) as run:
-        run.start("node0")
-        run.wait_rendezvous_host()
-        run.start("node1")
-        run.wait_ranks(2)
-        run.start("spare")
-        wait_standby(run, "spare")
+        start_with_standby(run)
         metrics = run_dir / "metrics.jsonl"
         while 1 not in seen:
             _steps_seen(metrics, seen, lines)

@@ -226,6 +226,21 @@ def wait_standby(run: Launch, host: str, timeout: float = 90.0) -> None:
     raise TimeoutError(f"{host} never connected to the rendezvous")
 
 
+def start_with_standby(run: Launch) -> float:
+    """node0 (the rendezvous host), then node1 (each trains one rank), then the spare, which
+    waits in the rendezvous as the standby; returns the seconds the spare took to get there."""
+    run.start("node0")
+    run.wait_rendezvous_host()
+    run.start("node1")
+    ranks = run.wait_ranks(2)
+    if ranks != {"node0": [0], "node1": [1]}:
+        raise AssertionError(f"ranks by host: {ranks}; expected node0: [0], node1: [1]")
+    start = time.monotonic()
+    run.start("spare")
+    wait_standby(run, "spare")
+    return time.monotonic() - start
+
+
 def wait_step_after_restart(run: Launch, timeout: float = 120.0) -> dict:
     """Until rank 0 streams its first step after a restart record (the job trains again);
     returns that step's record."""

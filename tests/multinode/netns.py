@@ -337,20 +337,12 @@ def _alive(pid: int) -> bool:
 
 
 _JANITOR = """
-import os, sys, time
-owner, tag, deadline = int(sys.argv[1]), sys.argv[2], time.monotonic() + float(sys.argv[3])
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-while alive(owner) and time.monotonic() < deadline:
-    time.sleep(1.0)
+import sys, time
 sys.path.insert(0, sys.argv[4])
-from tests.multinode.netns import teardown
+from tests.multinode.netns import _alive, teardown
+owner, tag, deadline = int(sys.argv[1]), sys.argv[2], time.monotonic() + float(sys.argv[3])
+while _alive(owner) and time.monotonic() < deadline:
+    time.sleep(1.0)
 teardown(tag)
 """
 

@@ -22,7 +22,7 @@ from tests.multinode.harness import (
     completed_steps,
     journal_fault,
     launch,
-    wait_standby,
+    start_with_standby,
 )
 
 pytestmark = [pytest.mark.multinode, pytest.mark.dist]
@@ -32,12 +32,7 @@ pytestmark = [pytest.mark.multinode, pytest.mark.dist]
 def test_a_degraded_host_drained_to_the_standby_loses_no_step(ref2, cluster, tmp_path):
     with launch(cluster, tmp_path / "run", steps=STEPS2, every=3,
                 extra=("--storage-every", "2")) as run:
-        run.start("node0")
-        run.wait_rendezvous_host()
-        run.start("node1")
-        assert run.wait_ranks(2) == {"node0": [0], "node1": [1]}
-        run.start("spare")
-        wait_standby(run, "spare")
+        start_with_standby(run)
         run.wait_step(2)
         # First a blip shorter than the collective timeout (2 s against 5 s): TCP retransmits
         # inside the collective, the step takes the blip and is committed once, nothing restarts.

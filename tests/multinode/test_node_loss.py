@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.external.harness import STEPS2, assert_same_run, events
-from tests.multinode.harness import cluster_faults, kill_host, launch, wait_standby
+from tests.multinode.harness import cluster_faults, kill_host, launch, start_with_standby
 from trainpilot.runtime.checkpoint.layout import committed
 
 pytestmark = [pytest.mark.multinode, pytest.mark.dist]
@@ -23,12 +23,7 @@ EXTRA = ("--storage-every", "2")
 
 def _lose_node1(net, run_dir):
     with launch(net, run_dir, steps=STEPS2, every=3, extra=EXTRA) as run:
-        run.start("node0")
-        run.wait_rendezvous_host()
-        run.start("node1")
-        assert run.wait_ranks(2) == {"node0": [0], "node1": [1]}
-        run.start("spare")
-        wait_standby(run, "spare")  # in the rendezvous, not training
+        start_with_standby(run)  # the spare waits in the rendezvous
         assert "spare" not in run.ranks()
         run.wait_step(7)
         fault = kill_host(run, "node1")

@@ -15,7 +15,7 @@ from tests.multinode.harness import (
     completed_steps,
     journal_fault,
     launch,
-    wait_standby,
+    start_with_standby,
 )
 
 pytestmark = [pytest.mark.multinode, pytest.mark.dist]
@@ -23,19 +23,10 @@ pytestmark = [pytest.mark.multinode, pytest.mark.dist]
 EXTRA = ("--storage-every", "2")  # memory copies at 3, 6, 9, 12; storage at 3 and 9
 
 
-def _start(run) -> None:
-    run.start("node0")
-    run.wait_rendezvous_host()
-    run.start("node1")
-    assert run.wait_ranks(2) == {"node0": [0], "node1": [1]}
-    run.start("spare")
-    wait_standby(run, "spare")
-
-
 @pytest.mark.timeout(300)
 def test_partition_for_60_s_recovers_with_the_spare_bit_exact(ref2, cluster, tmp_path):
     with launch(cluster, tmp_path / "run", steps=STEPS2, every=3, extra=EXTRA) as run:
-        _start(run)
+        start_with_standby(run)
         run.wait_step(5)
         journal_fault(run.run_dir, "partition", host="node1",
                       step=completed_steps(run.run_dir) + 1, peer="node0", duration_s=60.0)

@@ -392,12 +392,12 @@ def _leave_or_stay(part: Rank) -> str:
 
     trainer, ckpt = part.trainer, part.trainer.checkpointer
     rank0 = trainer.layout.rank == 0
-    request = read_request(part.run_dir) if rank0 else None
-    if ckpt is None:  # no group of our own to agree on: the file is on a shared disk
+    if ckpt is None:  # no group of our own to agree on: every rank reads the shared file
         request = read_request(part.run_dir)
         host = request["host"] if request else ""
         mine = [host_name() == host]
     else:
+        request = read_request(part.run_dir) if rank0 else None
         host = next(h for h in ckpt.group.all_gather(request["host"] if request else "") if h)
         mine = ckpt.group.all_gather(host_name() == host)
     if rank0 and request is not None:
