@@ -63,6 +63,30 @@ def test_schedule_aware_model_reduces_to_the_plain_law_at_constant_lr():
     assert fc.model == "power_law" and abs(fc.final_loss - truth[-1]) / truth[-1] < 0.01
 
 
+def cosine_lr(s: int) -> float:
+    return 1e-3 * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * (s - 1) / (T - 1))))
+
+
+def test_the_data_choose_the_law_when_the_schedule_is_known():
+    t = np.arange(1, T + 1)
+    s1, s2 = lr_areas(np.array([cosine_lr(s) for s in t]))
+    rng = np.random.default_rng(3)
+    annealed = 1.5 + 2.0 * s1 ** -0.4 - 2e-4 * s2  # the annealing law's own curve
+    seen = int(0.75 * T)
+    y = annealed * np.exp(rng.normal(0, 0.005, T))
+    fc = ConvergenceForecaster(total_steps=T, lr_at=cosine_lr).forecast(t[:seen], y[:seen])
+    assert fc.model == "lr_annealing" and fc.bic["lr_annealing"] < fc.bic["power_law"]
+    assert abs(fc.final_loss - annealed[-1]) / annealed[-1] < 0.01
+    plain = ConvergenceForecaster(total_steps=T).forecast(t[:seen], y[:seen])
+    assert plain.model == "power_law" and not plain.bic.get("lr_annealing")
+    # Negative control: the plain law on the annealed curve is further off.
+    assert abs(plain.final_loss - annealed[-1]) > 2 * abs(fc.final_loss - annealed[-1])
+    # A curve that ignores the decay (the plain law in steps) keeps the plain law, schedule or no.
+    steady = (2.0 * t ** -0.4 + 1.5) * np.exp(rng.normal(0, 0.005, T))
+    kept = ConvergenceForecaster(total_steps=T, lr_at=cosine_lr).forecast(t[:seen], steady[:seen])
+    assert kept.model == "power_law" and kept.bic["power_law"] < kept.bic["lr_annealing"]
+
+
 def test_never_negative_and_an_unforecastable_curve_says_so():
     t = np.arange(1, T + 1)
     rising = 2.0 + 0.001 * t  # a loss going up: nothing to extrapolate

@@ -105,10 +105,15 @@ def _validate(args: argparse.Namespace) -> int:
     table.add_row("all", f"{a}/{b} ({100 * a / max(b, 1):.0f}%)",
                   f"{held}/{total} ({100 * held / max(total, 1):.0f}%)", style="bold")
     console.print(table)
+    for batch in report.batches():
+        a, b = report.accuracy("held_out", batch=batch)
+        console.print(f"held out, batch {batch}: {a}/{b} ({100 * a / max(b, 1):.0f}%)",
+                      markup=False)
     for o in report.outcomes:
         if not o.correct:
-            console.print(f"miss ({o.case.split}) {o.case.id}: expected {o.case.category}, got "
-                          f"{o.got}  {o.case.url}", markup=False, soft_wrap=True)
+            console.print(f"miss ({o.case.split}, batch {o.case.batch}) {o.case.id}: "
+                          f"expected {o.case.category}, got {o.got}  {o.case.url}",
+                          markup=False, soft_wrap=True)
     console.print(f"held-out target {100 * HELD_OUT_TARGET:.0f}%: "
                   f"{'met' if ok else 'NOT met'}", markup=False)
     return 0 if ok else 1

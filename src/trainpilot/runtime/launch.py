@@ -282,6 +282,13 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
             dog.stop()
             if tail:
                 tail.stop()
+        if left and (drained := _drained_here(run_dir)) is not None:
+            # The drained ranks' exit records reached the watchdog only after torchrun's agent
+            # had gone on to wait at its exit barrier (seen under load): the same departure.
+            summary = dict(_read_json(run_dir / "summary.json") or {}, drained=drained,
+                           left_job=_DRAINED_LINE.format(step=drained.get("step")))
+            outcome = "drained"
+            return summary
         if left:
             summary = _left_job(run_dir, left, args)
             outcome = "left"
@@ -314,6 +321,19 @@ def _on_sigchld(dog: Watchdog):
         signal.signal(signal.SIGCHLD, previous)
 
 
+_DRAINED_LINE = ("this host was drained after step {step}: its ranks saved that step and left; "
+                 "the job goes on without it")
+
+
+def _drained_here(run_dir: Path) -> dict[str, Any] | None:
+    """The drain record (``runtime.drain``) when it names this host, else None."""
+    from trainpilot.runtime.drain import DONE
+    from trainpilot.runtime.elastic.rendezvous import host_name
+
+    record = _read_json(run_dir / DONE)
+    return record if record is not None and record.get("host") == host_name() else None
+
+
 class _OnWorkerEnd:
     """What a worker's own exit record asks of the launcher.
 
@@ -340,8 +360,7 @@ class _OnWorkerEnd:
     def _leave(self, step: int) -> None:
         log_launch(self.run_dir, "launch_end", outcome="drained", step=step)
         shutil.rmtree(self.watch, ignore_errors=True)
-        print(f"this host was drained after step {step}: its ranks saved that step and left; "
-              "the job goes on without it", flush=True)
+        print(_DRAINED_LINE.format(step=step), flush=True)
         sys.stderr.flush()
         os._exit(0)
 
