@@ -77,12 +77,13 @@ def main() -> None:
                 hook.remove()
             faults.poison_gradients(model.parameters(), step, rank=rank)  # +
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            bad = torch.tensor(float(not torch.isfinite(norm)))  # + every rank decides alike
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)  # +
-            if not bad:  # +
+            # The loss all-reduce also carries the non-finite vote: every rank decides alike.
+            stats = torch.stack([loss.detach(), (~torch.isfinite(norm)).float()])  # +
+            dist.all_reduce(stats)
+            if not stats[1]:  # +
                 break
             optimizer.zero_grad()  # +
-        dist.all_reduce(loss := loss.detach(), op=dist.ReduceOp.AVG)
+        loss = stats[0] / world
         monitor.observe_loss(step, loss)  # + may skip a spike's update (its optimizer hook)
         optimizer.step()
         optimizer.zero_grad()
