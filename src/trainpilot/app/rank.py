@@ -93,7 +93,8 @@ def open_store(run_dir: Path, *, model: ModelSpec, plan: Plan, config, cluster, 
     return store
 
 
-def build_monitor(job: WorkerJob, *, store, model: ModelSpec, plan: Plan, config, cluster):
+def build_monitor(job: WorkerJob, *, store, model: ModelSpec | None, plan: Plan, config,
+                  cluster):
     """The HealthMonitor of this rank (None when ``--no-health``): every rank builds one fed
     the same global loss, so every rank takes the same decisions; only rank 0's writes."""
     if not job.health:
@@ -242,7 +243,7 @@ def build_rank(job: WorkerJob, *, hooks: RankHooks | None = None, beacon: Beacon
     emit = _Emitter()
     try:
         plan = part.plan = plan_for_world(job.plan, dist.get_world_size())  # --nnodes=MIN:MAX
-        if hasattr(factory, "check"):
+        if factory is not None and hasattr(factory, "check"):
             factory.check(plan)
         layout = part.layout = build_layout(
             plan, model=model if factory is None else None,

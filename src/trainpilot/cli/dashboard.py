@@ -54,6 +54,7 @@ def read_token(args: argparse.Namespace) -> str | None:
     if args.token is not None:
         raise SpecError("--token", "<hidden>", "not accepted on the command line (`ps` shows "
                         f"it to every user); valid: --token-file FILE or ${TOKEN_ENV}")
+    token: str | None
     if args.token_file is not None:
         path = Path(args.token_file)
         try:

@@ -79,6 +79,8 @@ def print_summary(info: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainpilot.specs import (
+        ClusterSpec,
+        Plan,
         SpecError,
         check_job,
         dump,
@@ -88,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         load_plan,
     )
 
+    cluster: ClusterSpec | None
+    plan: Plan | None
     if args.job:
         job = load_job(args.job)
         model, cluster, plan = job.model, job.cluster, job.plan

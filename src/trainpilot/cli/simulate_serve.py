@@ -227,6 +227,8 @@ def run_availability(args: argparse.Namespace) -> int:
     for r in rows:
         d = r.deployment
         for i, (rem, cf, mc) in enumerate(r.results):
+            # monte_carlo() always sets the interval; only closed_form() leaves it None
+            assert mc.availability_ci95 is not None
             lo, hi = mc.availability_ci95
             table.add_row(str(r.ep) if i == 0 else "", str(d.num_instances) if i == 0 else "",
                           f"{d.num_instances * d.tokens_per_s_per_instance:,.0f}" if i == 0

@@ -161,7 +161,8 @@ def _attach_torchrun_options_lazily(parser: argparse.ArgumentParser) -> None:
             parser._torchrun_attached = True
         return original(args, namespace)
 
-    parser.parse_known_args = parse_known_args
+    # a deliberate per-instance override of the bound method (see the docstring)
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
 def _config(args: argparse.Namespace):

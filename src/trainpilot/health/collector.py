@@ -57,21 +57,21 @@ def reduced_sums(tensors: list[torch.Tensor], local_fn) -> list[float]:
         values = torch.stack([v.double() for v in local_fn([tensors[i] for i in plain])])
         for i, v in zip(plain, values.tolist()):
             out[i] = v
-    groups: dict[int, list[int]] = {}
+    groups: dict[int, list[tuple[int, DTensor]]] = {}  # mesh -> (index, DTensor) on it
     for i, t in enumerate(tensors):
         if isinstance(t, DTensor):
-            groups.setdefault(id(t.device_mesh), []).append(i)
-    for members in groups.values():
-        mesh = tensors[members[0]].device_mesh
+            groups.setdefault(id(t.device_mesh), []).append((i, t))
+    for group in groups.values():
+        members = [i for i, _ in group]
+        mesh = group[0][1].device_mesh
         locals_, scales = [], []
-        for i in members:
-            t = tensors[i]
-            if any(p.is_partial() for p in t.placements):
-                t = t.redistribute(t.device_mesh, [Replicate() if p.is_partial() else p
-                                                   for p in t.placements])
-            locals_.append(t.to_local())
+        for _, dt in group:
+            if any(p.is_partial() for p in dt.placements):
+                dt = dt.redistribute(dt.device_mesh, [Replicate() if p.is_partial() else p
+                                                      for p in dt.placements])
+            locals_.append(dt.to_local())
             copies = 1
-            for dim, placement in enumerate(t.placements):
+            for dim, placement in enumerate(dt.placements):
                 if placement.is_replicate():
                     copies *= mesh.size(dim)
             scales.append(1.0 / copies)
@@ -82,7 +82,7 @@ def reduced_sums(tensors: list[torch.Tensor], local_fn) -> list[float]:
                 torch.distributed.all_reduce(values, group=mesh.get_group(dim))
         for i, v in zip(members, values.tolist()):
             out[i] = v
-    return out  # type: ignore[return-value]
+    return out  # type: ignore[return-value]  # every slot is filled: plain, then per mesh
 
 
 def squared_norms(tensors: list[torch.Tensor]) -> list[float]:

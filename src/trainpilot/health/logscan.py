@@ -24,9 +24,12 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from trainpilot.specs.errors import SpecError
+
+if TYPE_CHECKING:
+    from ahocorasick_rs import BytesAhoCorasick
 
 CHUNK_BYTES = 8 << 20
 SNIFF_BYTES = 8192
@@ -36,7 +39,15 @@ MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2")
          (b"\xfd7zXZ\x00", "xz"))
 
 
-def _open_compressed(raw: BinaryIO, kind: str) -> BinaryIO:
+class ByteStream(Protocol):
+    """What a log is read through: a file, a decompressor's reader, ``io.BytesIO``."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def _open_compressed(raw: BinaryIO, kind: str) -> ByteStream:
     if kind == "gzip":
         return gzip.GzipFile(fileobj=raw)
     if kind == "bzip2":
@@ -48,7 +59,7 @@ def _open_compressed(raw: BinaryIO, kind: str) -> BinaryIO:
     return zstandard.ZstdDecompressor().stream_reader(raw)
 
 
-def open_log(path: str | os.PathLike) -> tuple[BinaryIO, str]:
+def open_log(path: str | os.PathLike) -> tuple[ByteStream, str]:
     """(decompressed byte stream, format name) of a log file; SpecError for a missing, empty,
     unreadable, corrupt-compressed or binary file."""
     path = Path(path)
@@ -61,7 +72,7 @@ def open_log(path: str | os.PathLike) -> tuple[BinaryIO, str]:
     head = raw.read(8)
     raw.seek(0)
     kind = next((name for magic, name in MAGIC if head.startswith(magic)), "text")
-    stream = raw if kind == "text" else _open_compressed(raw, kind)
+    stream: ByteStream = raw if kind == "text" else _open_compressed(raw, kind)
     try:
         first = stream.read(SNIFF_BYTES)
     except (OSError, EOFError, lzma.LZMAError, ValueError) as err:
@@ -96,7 +107,7 @@ def _binary(sample: bytes) -> bool:
 class _Prefixed(io.RawIOBase):
     """The sniffed first bytes, then the rest of the stream; closes the file under it."""
 
-    def __init__(self, first: bytes, stream: BinaryIO, raw: BinaryIO):
+    def __init__(self, first: bytes, stream: ByteStream, raw: BinaryIO):
         self._first, self._stream, self._raw = first, stream, raw
 
     def readable(self) -> bool:
@@ -139,7 +150,7 @@ def _chunk(data: bytes, first_line: int) -> Chunk:
                  num_lines=data.count(b"\n"))
 
 
-def iter_chunks(stream: BinaryIO, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
+def iter_chunks(stream: ByteStream, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
     """Chunks ending at a line break (the last may not)."""
     carry, line = b"", 1
     while True:
@@ -235,6 +246,8 @@ class Prefilter:
         self._short = {t.encode() for t in self.triggers
                        if len(t) <= SHORT_TRIGGER and t.isalnum()}
         encoded = [t.encode() for t in self.triggers]
+        self._ac: BytesAhoCorasick | None
+        self._re: re.Pattern[bytes] | None
         try:
             import ahocorasick_rs
 
@@ -253,6 +266,7 @@ class Prefilter:
         if self._ac is not None:
             yield from self._ac.find_matches_as_indexes(low)
         else:
+            assert self._re is not None  # __init__ sets one of the two matchers
             for m in self._re.finditer(low):
                 yield self._index[m.group(0)], m.start(), m.end()
 

@@ -14,13 +14,37 @@ from trainpilot.health.interventions import pick_rollback_step, scale_lr
 from trainpilot.health.records import Directive
 
 if TYPE_CHECKING:
+    import torch
+
+    from trainpilot.health.alerts import AlertManager
+    from trainpilot.health.config import HealthConfig
+    from trainpilot.health.detectors import PlateauDetector, PlateauScore, TrendDetector
+    from trainpilot.health.interventions import InterventionLog, RestoreFn
     from trainpilot.health.monitor import _StepState
     from trainpilot.health.records import StepRecord
+    from trainpilot.store.runstore import RunStore
 
 
 class LossActions:
+    # What the mixin uses of the HealthMonitor (set in its __init__; ``optimizer`` by attach).
+    config: HealthConfig
+    store: RunStore | None
+    alerts: AlertManager
+    interventions: InterventionLog
+    trend: TrendDetector
+    plateau: PlateauDetector
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    restore: RestoreFn | None
+    good_steps: list[int]
+    _losses: list[tuple[int, float, float | None]]  # (step, loss, lr)
+    _improvement: float | None
+    _last_lr_change: int
+    _consecutive_flags: int
+    _first_flag_step: int | None
+
     # ------------------------------------------------------------------ convergence
-    def _plateau(self, rec: StepRecord, state: _StepState):
+    def _plateau(self, rec: StepRecord, state: _StepState) -> PlateauScore | None:
         rule = self.config.rules.slow_convergence
         if not rule.enabled or (state.loss_score and state.loss_score.flagged):
             return None
@@ -30,7 +54,7 @@ class LossActions:
             return None
         self._improvement = result.improvement  # the score uses it until the next judgement
         self.alerts.evaluated("slow_convergence")
-        if not result.flagged:
+        if not result.flagged or result.improvement is None:  # flagged: always judged
             return result
         self.alerts.fire("slow_convergence", rule.severity, rec.step,
                          f"loss improved {100 * result.improvement:.2f}% over the last "

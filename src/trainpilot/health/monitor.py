@@ -31,7 +31,7 @@ from trainpilot.health.alerts import AlertManager
 from trainpilot.health.collector import GradStats, MetricsCollector, host_memory
 from trainpilot.health.config import HealthConfig, load_health_config
 from trainpilot.health.detectors import PlateauDetector, TrendDetector, TrendScore
-from trainpilot.health.forecast import ConvergenceForecaster
+from trainpilot.health.forecast import ConvergenceForecaster, Forecast
 from trainpilot.health.interventions import (
     InterventionLog,
     RestoreFn,
@@ -100,7 +100,7 @@ class HealthMonitor(LossActions):
                                             min_fraction=s.min_fraction, z=s.z)
         self.forecaster = (ConvergenceForecaster(total_steps=total_steps, lr_at=lr_at)
                            if total_steps else None)
-        self.forecast = None
+        self.forecast: Forecast | None = None
         self.last_score: HealthScore | None = None
         self.good_steps: list[int] = []
         self.collector: MetricsCollector | None = None
@@ -112,7 +112,7 @@ class HealthMonitor(LossActions):
         self._losses: list[tuple[int, float, float | None]] = []  # (step, loss, lr)
         self._segment_from = 0  # the forecast fits steps >= this (after a damaging spike)
         self._improvement: float | None = None  # the plateau window's last judgement
-        self._last_end = None
+        self._last_end: float | None = None  # perf_counter() at the last step's end
         self._last_forecast = time.monotonic()
         self._last_lr_change = -10**9
         self._last_fault_step: int | None = None
@@ -273,39 +273,45 @@ class HealthMonitor(LossActions):
         return state.skip_reason is not None
 
     def _pre_step(self, optimizer, args, kwargs) -> None:
+        collector = self.collector
+        assert collector is not None  # attach() sets it before it registers this hook
         state = self._state_for()
         detailed = state.step % self.config.detail_every == 0
-        state.grads = stats = self.collector.grad_stats(detailed=detailed)
+        state.grads = stats = collector.grad_stats(detailed=detailed)
         skip_cfg = self.config.interventions.skip_batch_on_spike
         if not stats.finite and skip_cfg.enabled and skip_cfg.on_non_finite:
             state.skip_reason = state.skip_reason or "non_finite"
         if state.skip_reason:
-            self._skip_update(state)
+            self._skip_update(state, collector, stats, state.skip_reason)
             return
         clip = self.config.interventions.clip
         if clip.enabled and stats.finite and stats.grad_norm > clip.trigger_norm:
-            before, after = clip_gradients(self.collector.params, clip.clip_to)
+            before, after = clip_gradients(collector.params, clip.clip_to)
             rec = self.interventions.record("clip", "grad_explosion"
                                             if before > self.config.rules.grad_explosion.threshold
                                             else "grad_norm_trigger", state.step,
                                             {"grad_norm": before}, {"grad_norm": after})
             self.interventions.expect(rec, state.step + 1, self._loss_ok_check(state.step + 1))
         if detailed:
-            self.collector.snapshot()
+            collector.snapshot()
 
     def _post_step(self, optimizer, args, kwargs) -> None:
+        collector = self.collector
+        assert collector is not None  # attach() sets it before it registers this hook
         if self._state is not None and not self._state.skipped:
-            self._state.update_ratio = self.collector.update_ratios()
+            self._state.update_ratio = collector.update_ratios()
 
-    def _skip_update(self, state: _StepState) -> None:
-        stats, score = state.grads, state.loss_score
+    def _skip_update(self, state: _StepState, collector: MetricsCollector, stats: GradStats,
+                     reason: str) -> None:
+        """Drop this step's gradients (``stats``: theirs; ``reason``: the skip's trigger)."""
+        score = state.loss_score
         before: dict[str, Any] = {"grad_norm": stats.grad_norm, "nonfinite_grads":
                                   stats.num_nonfinite}
         if score is not None:
             before.update(loss=score.value, trend=score.prediction, z=score.z)
-        drop_gradients(self.collector.params)
+        drop_gradients(collector.params)
         state.skipped = True
-        rec = self.interventions.record("skip_batch", state.skip_reason, state.step, before,
+        rec = self.interventions.record("skip_batch", reason, state.step, before,
                                         {"update_applied": False})
         self.interventions.expect(rec, state.step + 1, self._loss_ok_check(state.step + 1))
 
@@ -460,8 +466,9 @@ class HealthMonitor(LossActions):
         if rules.straggler.enabled and rec.rank_timings:
             self.alerts.evaluated("straggler")
             times = [t.compute_s for t in sorted(rec.rank_timings, key=lambda t: t.rank)]
-            if all(t is not None for t in times):
-                for s in self.stragglers.update(times):
+            known = [t for t in times if t is not None]
+            if len(known) == len(times):  # every rank's compute time
+                for s in self.stragglers.update(known):
                     self.alerts.fire("straggler", rules.straggler.severity, rec.step,
                                      f"rank {s.rank} compute is {s.slowdown:.2f}x slower than "
                                      f"the median of the other ranks ({s.num_flagged}/{s.window}"

@@ -43,7 +43,7 @@ class StepRecord:
             return record
         get = record.get if isinstance(record, Mapping) else (
             lambda k, d=None: getattr(record, k, d))
-        values = {}
+        values: dict[str, Any] = {}  # StepRecord field -> the record's value
         for name, aliases in _RECORD_FIELDS.items():
             for alias in aliases:
                 value = get(alias, None)

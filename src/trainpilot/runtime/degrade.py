@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
 
@@ -42,6 +42,8 @@ def disk_of(path: str | os.PathLike) -> dict[str, Any]:
     mount = p
     while not os.path.ismount(mount) and mount != mount.parent:
         mount = mount.parent
+    free: int | None
+    total: int | None
     try:
         st = os.statvfs(p)
         free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
@@ -196,7 +198,7 @@ class LineFile:
     def __init__(self, path: Path, *, on_degraded: Callable[[str, dict[str, Any]], None] | None
                  = None):
         self.path, self.on_degraded = path, on_degraded
-        self._handle = None
+        self._handle: TextIO | None = None
         self._pending: list[str] = []
         self._warned = False
 

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,7 @@ class RunPreempted(RuntimeError):
 
 def launch(*, model: ModelSpec, plan: Plan, config, run_dir: str | os.PathLike,
            options: argparse.Namespace | dict | None = None, cluster: ClusterSpec | None = None,
-           callbacks: list[str] = (), on_record: Callable[[dict], None] | None = None,
+           callbacks: Sequence[str] = (), on_record: Callable[[dict], None] | None = None,
            inject: str | None = None, elastic: dict[str, Any] | None = None,
            health: bool = True, health_config: str | None = None, checkpoint: bool = True,
            resume: str = "auto", recovery: bool = True, memory_check: bool = True,

@@ -27,7 +27,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -57,6 +57,12 @@ from trainpilot.runtime.parallelize import (
 from trainpilot.runtime.sampler import ResumableSampler
 from trainpilot.runtime.stepstats import StepStats
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, SpecError
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainpilot.runtime.models.moe import MoE
 
 
 def make_dataset(config: TrainConfig, model: ModelSpec | None, plan: Plan,
@@ -146,7 +152,8 @@ class Trainer:
         self.drain_requested: Callable[[], bool] | None = None
         self.use_comm_hook = comm_hook
         self.loss_fn = loss_fn or token_cross_entropy
-        self.callbacks = list(callbacks)
+        # The callbacks, and the monitor (a HealthMonitor: its on_step_end returns a Directive).
+        self.callbacks: list[Callback | Any] = list(callbacks)
         if monitor is not None and monitor not in self.callbacks:
             self.callbacks.append(monitor)
         if monitor is not None and checkpointer is not None and monitor.restore is None:
@@ -182,7 +189,7 @@ class Trainer:
         ``runtime.hf_parallel.HFModel``) checks the plan itself; a plain custom module runs
         data parallel only."""
         factory = self.model_factory
-        if hasattr(factory, "check"):
+        if factory is not None and hasattr(factory, "check"):
             factory.check(self.plan)
         return build_layout(self.plan, model=self.spec if factory is None else None,
                             custom_model=factory is not None
@@ -197,14 +204,18 @@ class Trainer:
                                         distributed=layout.is_distributed)
         self._unscaled = False
         schedule_loss = self._scaled_loss if self.scaler.is_enabled() else self.loss_fn
+        # None only between teardown() and the rebuild of a recovery (see _pm).
+        self.model: ParallelModel | None
         if self.spec is not None:
-            self.model: ParallelModel = parallelize(self.spec, layout, seed=config.seed,
-                                                    max_seq_len=plan.seq_len, loss_fn=schedule_loss)
-        elif hasattr(self.model_factory, "parallelize"):  # torchtitan's model protocol
-            self.model = self.model_factory.parallelize(layout, seed=config.seed,
-                                                        loss_fn=schedule_loss)
+            self.model = parallelize(self.spec, layout, seed=config.seed,
+                                     max_seq_len=plan.seq_len, loss_fn=schedule_loss)
         else:
-            self.model = wrap_custom(self.model_factory(), layout)
+            factory = self.model_factory
+            assert factory is not None  # __init__: exactly one of model and model_factory
+            if hasattr(factory, "parallelize"):  # torchtitan's model protocol
+                self.model = factory.parallelize(layout, seed=config.seed, loss_fn=schedule_loss)
+            else:
+                self.model = wrap_custom(factory(), layout)
         self.model.train()
         # One optimizer per model chunk (interleaved pipelines hold several): parameter names
         # are global, so their state dicts merge without clashes.
@@ -212,6 +223,7 @@ class Trainer:
                                            weight_decay=config.weight_decay,
                                            betas=(config.beta1, config.beta2))
                            for m in self.model.modules]
+        assert config.warmup_steps is not None  # TrainConfig's validator fills it in
         self.schedulers = [build_lr_scheduler(o, warmup_steps=config.warmup_steps,
                                               total_steps=config.steps,
                                               min_ratio=config.min_lr_ratio)
@@ -219,14 +231,15 @@ class Trainer:
         # The pipeline schedule divides gradients by the micro-batch count itself.
         aux_scale = 1.0 if self.model.schedule is not None else 1.0 / plan.num_micro_batches
         for moe in self.model.moe_layers():
-            moe.aux_scale = aux_scale
+            cast("MoE", moe).aux_scale = aux_scale
         if self.use_comm_hook and self.model.data_parallel == "ddp" and layout.is_distributed:
             from trainpilot.runtime.comm import make_comm_hook
 
             self.comm_hook = make_comm_hook(plan.comm, self.cluster,
                                             process_group=layout.group(layout.grad_axis),
                                             seed=config.seed)
-            self.comm_hook.register(self.model.chunks[0])
+            # data_parallel "ddp": the chunk is the DDP wrapper (parallelize._data_parallel)
+            self.comm_hook.register(cast("DistributedDataParallel", self.model.chunks[0]))
         elif self.use_comm_hook and self.model.data_parallel == "fsdp" and plan.zero >= 1:
             from trainpilot.runtime.comm import make_fsdp_comm
 
@@ -258,6 +271,13 @@ class Trainer:
             handle.remove()
         self._hooks = None
         self.model, self.optimizers, self.schedulers = None, [], []
+
+    def _pm(self) -> ParallelModel:
+        """The built model (``model`` is None only between teardown() and the rebuild)."""
+        pm = self.model
+        if pm is None:  # AttributeError, as reading an attribute of None raised before
+            raise AttributeError("the trainer's model was torn down; rebuild() it first")
+        return pm
 
     def rebuild(self, layout: Layout) -> None:
         """Build the model, optimizer and hooks again on a new layout (new process group); the
@@ -307,7 +327,7 @@ class Trainer:
     def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Gradients of the mean loss over this rank's batch; returns that loss (0 on pipeline
         ranks without the last stage)."""
-        pm = self.model
+        pm = self._pm()
         if pm.schedule is not None:
             losses: list[torch.Tensor] = []
             target = targets if pm.has_last_stage else None
@@ -333,7 +353,7 @@ class Trainer:
 
     def clip(self) -> float:
         """Expert-gradient sync and clipping; returns the global pre-clip grad norm."""
-        pm = self.model
+        pm = self._pm()
         self._unscale()
         sync_expert_grads(pm)
         return float(clip_grad_norm_(pm.parameters(), self.config.grad_clip,
@@ -342,7 +362,7 @@ class Trainer:
                                      pp_group=self.layout.group("pp")))
 
     def _norm_groups(self) -> dict[str, Any]:
-        return dict(expert_params=self.model.expert_params, ep_group=self.layout.group("ep"),
+        return dict(expert_params=self._pm().expert_params, ep_group=self.layout.group("ep"),
                     pp_group=self.layout.group("pp"))
 
     def grad_norm(self) -> float:
@@ -350,8 +370,9 @@ class Trainer:
         the gradients of this rank's replica); clipping happens inside ``optimizer.step()``,
         after the health monitor saw the unclipped gradients."""
         self._unscale()
-        sync_expert_grads(self.model)
-        self._params = self.model.parameters()  # the clip hook of this step reuses the list
+        pm = self._pm()
+        sync_expert_grads(pm)
+        self._params = pm.parameters()  # the clip hook of this step reuses the list
         self._norm = global_grad_norm(self._params, **self._norm_groups())
         return float(self._norm)
 
@@ -412,7 +433,7 @@ class Trainer:
         waiting: it overlaps the optimizer update (:meth:`StepStats.wait` collects it). A failure
         before the wire is retried here (``elastic.retry``)."""
         device = self.layout.device
-        aux = sum((m.take_aux_loss().to(device) for m in self.model.moe_layers()),
+        aux = sum((cast("MoE", m).take_aux_loss().to(device) for m in self._pm().moe_layers()),
                   torch.zeros((), device=device))
         preempt = float(self.preempt is not None and self.preempt.requested)
         drain = float(self.drain_requested is not None and self.drain_requested())
@@ -459,7 +480,7 @@ class Trainer:
         more from the same batch and RNG state if the gradient came out non-finite. Returns
         (attempts, data wait s, forward/backward s, pre-clip grad norm, the stats in flight)."""
         rank = self.layout.rank
-        poison = (self.faults.poison_backward(self.model.modules, step, rank=rank)
+        poison = (self.faults.poison_backward(self._pm().modules, step, rank=rank)
                   if self.faults is not None else [])
         recompute = self.elastic is None or self.elastic.config.recompute_nonfinite
         # Under fp16 a non-finite gradient is the loss scaler's business (skip, halve).
@@ -475,7 +496,7 @@ class Trainer:
                 fb_s = time.perf_counter() - t0 - data_wait
                 self._phase("compute")
                 if self.faults is not None:
-                    self.faults.poison_gradients(self.model.parameters(), step, rank=rank)
+                    self.faults.poison_gradients(self._pm().parameters(), step, rank=rank)
                 grad_norm = self.grad_norm()
                 # The norm is of the reduced gradients (DDP all-reduce, FSDP reduce-scatter,
                 # TP/PP/EP norm all-reduces): identical on every rank, so each rank decides
@@ -668,13 +689,13 @@ class Trainer:
         options = StateDictOptions(flatten_optimizer_state_dict=True)
         model_state: dict[str, Any] = {}
         optim_state: dict[str, Any] = {}
-        for chunk, opt in zip(self.model.chunks, self.optimizers):
+        for chunk, opt in zip(self._pm().chunks, self.optimizers):
             model_state.update(get_model_state_dict(chunk, options=options))
             optim_state.update(get_optimizer_state_dict(chunk, opt, options=options))
         self._experts_as_dtensors(model_state, optim_state)
-        out = dict(model=model_state, optimizer=optim_state,
-                   scheduler=self.schedulers[0].state_dict(), sampler=self.sampler.state_dict(),
-                   step=self.step)
+        out: dict[str, Any] = dict(
+            model=model_state, optimizer=optim_state, scheduler=self.schedulers[0].state_dict(),
+            sampler=self.sampler.state_dict(), step=self.step)
         if self.scaler.is_enabled():  # fp16: the loss scale and its growth counter
             out["grad_scaler"] = self.scaler.state_dict()
         if rng:
@@ -690,12 +711,13 @@ class Trainer:
         tensor and save rank 0's only (every other rank then restored rank 0's experts). As
         DTensors sharded over ``ep`` each rank's experts are saved at their offset, and the
         checkpoint reshards like any other; their AdamW moments likewise."""
-        if not self.model.expert_params or self.layout.size("ep") == 1:
+        expert_params = self._pm().expert_params
+        if not expert_params or self.layout.size("ep") == 1:
             return
         from torch.distributed.tensor import Shard
 
         mesh = self.layout.submesh("ep")
-        ptrs = {p.data_ptr() for p in self.model.expert_params}
+        ptrs = {p.data_ptr() for p in expert_params}
         names = {k for k, v in model_state.items() if torch.is_tensor(v)
                  and not isinstance(v, DTensor) and v.data_ptr() in ptrs}
 
@@ -721,7 +743,7 @@ class Trainer:
         options = StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
         state = dict(state, model=_local_experts(state["model"]),
                      optimizer=_local_experts(state["optimizer"]))
-        for chunk, opt in zip(self.model.chunks, self.optimizers):
+        for chunk, opt in zip(self._pm().chunks, self.optimizers):
             set_model_state_dict(chunk, state["model"], options=options)
             set_optimizer_state_dict(chunk, opt, state["optimizer"], options=options)
         for sched in self.schedulers:
@@ -743,7 +765,8 @@ class Trainer:
         """What differs per rank and is not in :meth:`state_dict`: the comm hook's state (top-k
         residuals) and the health monitor's (windows, alerts, rollback targets). The
         checkpointer saves it per rank."""
-        out = {"comm": self.comm_hook.state_dict() if self.comm_hook is not None else {}}
+        out: dict[str, Any] = {
+            "comm": self.comm_hook.state_dict() if self.comm_hook is not None else {}}
         if self.monitor is not None:
             out["monitor"] = self.monitor.state_dict()
         return out
@@ -804,9 +827,9 @@ def _set_rng_state(state: tuple[Any, ...]) -> None:
 def _grad_sync(chunk: nn.Module, kind: str, *, last: bool):
     """Accumulate locally on all but the last micro-batch (DDP no_sync / FSDP2 sync flag)."""
     if kind == "ddp" and not last:
-        return chunk.no_sync()
-    if kind == "fsdp":
-        chunk.set_requires_gradient_sync(last)
+        return cast("DistributedDataParallel", chunk).no_sync()
+    if kind == "fsdp":  # fully_shard or replicate: an FSDPModule
+        cast("FSDPModule", chunk).set_requires_gradient_sync(last)
     return contextlib.nullcontext()
 
 

@@ -150,6 +150,7 @@ class Beacon:
     def _beat(self) -> None:
         self.count += 1
         line = f"{self.count} {self.step} {self.phase}\n".ljust(64).encode()
+        assert self._fd is not None  # start() opens the file before the first beat
         os.pwrite(self._fd, line, 0)
 
     def _run(self) -> None:
@@ -424,7 +425,8 @@ class Watchdog:
         faults = sorted(self.faults(), key=lambda o: o.time_unix_s)
         primary = [o for o in faults if o.kind != "exit" or o.reason not in ("peer_failed",
                                                                                "terminated")]
-        return (primary or faults or [None])[0]
+        found = primary or faults
+        return found[0] if found else None
 
 
 class AgentExitReports(logging.Handler):
@@ -436,9 +438,12 @@ class AgentExitReports(logging.Handler):
         self.dog = dog
 
     def emit(self, record: logging.LogRecord) -> None:
-        if str(record.msg).startswith("failed (exitcode") and len(record.args or ()) >= 3:
+        args = record.args
+        if (str(record.msg).startswith("failed (exitcode") and isinstance(args, tuple)
+                and len(args) >= 3):
+            values: tuple[Any, ...] = args  # whatever the agent logged: int() may refuse it
             try:
-                self.dog.report_exit(int(record.args[2]), int(record.args[0]))
+                self.dog.report_exit(int(values[2]), int(values[0]))
             except (TypeError, ValueError):
                 pass
 
@@ -480,7 +485,7 @@ def _proc_state(pid: int) -> str | None:
 def _beacons(directory: Path) -> list[dict[str, Any]]:
     """The registrations (``rank<R>.json``: rank, pid, attempt, start) in ``directory`` that
     can be read now; one being written is seen next time."""
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         paths = list(directory.glob("rank*.json"))
     except OSError:

@@ -176,7 +176,8 @@ def export_metrics(store_or_run_dir, spec: str | ExportSpec, *, run: str | None 
     owned = not isinstance(store_or_run_dir, RunStore)
     store = RunStore.open_readonly(store_or_run_dir) if owned else store_or_run_dir
     try:
-        name = run or (store.run().name if store.run() else None) or "run"
+        info = None if run else store.run()
+        name = run or (info.name if info else None) or "run"
         exporters: list = []
         if spec.tensorboard is not None:
             exporters.append(TensorBoardExporter(spec.tensorboard))

@@ -21,6 +21,7 @@ import math
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 WIDTHS = (64, 1024, 16384)
 FAN = 16  # each width is FAN times the one before
@@ -118,9 +119,9 @@ def summarise(rows: Sequence[tuple[int, float | None]]) -> Bucket:
 
 def combine(parts: Sequence[Bucket]) -> Bucket:
     """One bucket from consecutive buckets (ascending)."""
-    lo_parts = [p for p in parts if p.lo is not None]
-    lo = min(lo_parts, key=lambda p: p.lo) if lo_parts else None
-    hi = max(lo_parts, key=lambda p: p.hi) if lo_parts else None
+    lo_parts = [p for p in parts if p.lo is not None]  # a bucket sets lo and hi together
+    lo = min(lo_parts, key=lambda p: cast(float, p.lo)) if lo_parts else None
+    hi = max(lo_parts, key=lambda p: cast(float, p.hi)) if lo_parts else None
     nans = [p.nan_step for p in parts if p.nan_step is not None]
     return Bucket(num=sum(p.num for p in parts), num_nan=sum(p.num_nan for p in parts),
                   lo=lo.lo if lo else None, lo_step=lo.lo_step if lo else None,
@@ -228,6 +229,7 @@ def _m4(points: list[tuple[int, float | None]], bucket: Bucket) -> None:
     """Append the bucket's first, min, max, last (and a NaN gap) in step order."""
     chosen = {bucket.first_step: bucket.first_value, bucket.last_step: bucket.last_value}
     if bucket.lo_step is not None:
+        assert bucket.hi_step is not None  # a bucket sets lo and hi together
         chosen[bucket.lo_step] = bucket.lo
         chosen[bucket.hi_step] = bucket.hi
     if bucket.nan_step is not None:
@@ -345,13 +347,13 @@ def _combine_rows(rows: list[tuple], group: int, mode: str) -> list[tuple[int, f
     values = np.stack([first_val, last_val, g_lo, g_hi, np.full(groups, np.nan)], axis=1)
     valid = np.stack([np.ones(groups, bool), np.ones(groups, bool), has, has_hi,
                       (num_nan > 0) & np.isfinite(nan_step)], axis=1)
-    group = np.repeat(np.arange(groups), 5).reshape(groups, 5)
+    owner = np.repeat(np.arange(groups), 5).reshape(groups, 5)  # each candidate's group
     priority = np.tile(np.arange(5), (groups, 1))
-    steps, values, group, priority = (x[valid] for x in (steps, values, group, priority))
-    order = np.lexsort((priority, steps, group))
-    steps, values, group = steps[order], values[order], group[order]
+    steps, values, owner, priority = (x[valid] for x in (steps, values, owner, priority))
+    order = np.lexsort((priority, steps, owner))
+    steps, values, owner = steps[order], values[order], owner[order]
     last_of_run = np.ones(len(steps), bool)
-    last_of_run[:-1] = (group[1:] != group[:-1]) | (steps[1:] != steps[:-1])
+    last_of_run[:-1] = (owner[1:] != owner[:-1]) | (steps[1:] != steps[:-1])
     return [(int(st), None if not math.isfinite(v) else float(v))
             for st, v in zip(steps[last_of_run].tolist(), values[last_of_run].tolist())]
 

@@ -121,7 +121,7 @@ class RunStore:
 
     def __init__(self, conn: sqlite3.Connection, path: Path, *, writable: bool, run_id: str,
                  flush_every_steps: int = 200, flush_interval_s: float = 2.0):
-        self._conn = conn
+        self._conn: sqlite3.Connection | None = conn  # None once closed
         self.path = path
         self.writable = writable
         self.run_id = run_id
@@ -263,6 +263,14 @@ class RunStore:
         else:
             self.close()
 
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """The open connection (using a closed store fails with AttributeError, as it did)."""
+        conn = self._conn
+        if conn is None:
+            raise AttributeError(f"{self.path}: the run store is closed")
+        return conn
+
     # ----------------------------------------------------------------------------- writing
     def _require_writer(self) -> None:
         if not self.writable:
@@ -276,15 +284,15 @@ class RunStore:
         """Record a resolved job document (``model``, ``cluster``, ``plan``, ``job``, ...)."""
         self._require_writer()
         with self._lock:
-            self._conn.execute("INSERT OR REPLACE INTO documents VALUES (?, ?, ?)",
-                               (kind, json.dumps(body, default=str), time.time()))
+            self._db.execute("INSERT OR REPLACE INTO documents VALUES (?, ?, ?)",
+                             (kind, json.dumps(body, default=str), time.time()))
 
     def set_status(self, status: str) -> None:
         self._require_writer()
         ended = None if status == "running" else time.time()
         with self._lock:
-            self._conn.execute("UPDATE runs SET status=?, ended_time=? WHERE run_id=?",
-                               (status, ended, self.run_id))
+            self._db.execute("UPDATE runs SET status=?, ended_time=? WHERE run_id=?",
+                             (status, ended, self.run_id))
 
     def log_metrics(self, step: int, metrics: Mapping[str, float], *,
                     time_s: float | None = None) -> None:
@@ -323,27 +331,29 @@ class RunStore:
         self._require_writer()
         with self._lock:
             self._flush_locked()
-            cur = self._conn.execute(
+            cur = self._db.execute(
                 "INSERT INTO events (time, step, kind, severity, name, message, payload_json) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (time.time() if time_s is None else float(time_s), step, kind, severity, name,
                  message,
                  json.dumps(dict(payload or {}), default=str)))
-            return int(cur.lastrowid)
+            rowid = cur.lastrowid
+            assert rowid is not None  # an INSERT through this cursor always sets it
+            return int(rowid)
 
     def log_forecast(self, step: int, payload: Mapping[str, Any]) -> None:
         """Record a convergence forecast made at ``step`` (JSON: prediction, interval, band)."""
         self._require_writer()
         with self._lock:
-            self._conn.execute("INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?)",
-                               (step, time.time(), json.dumps(dict(payload), default=str)))
+            self._db.execute("INSERT OR REPLACE INTO forecasts VALUES (?, ?, ?)",
+                             (step, time.time(), json.dumps(dict(payload), default=str)))
 
     def log_knowledge(self, anomaly: str, action: str, outcome: str, *, evidence: str = "",
                       payload: Mapping[str, Any] | None = None) -> None:
         """Add an (anomaly, action, outcome) row to the knowledge base later runs consult."""
         self._require_writer()
         with self._lock:
-            self._conn.execute(
+            self._db.execute(
                 "INSERT INTO knowledge (time, run_id, anomaly, action, outcome, evidence, "
                 "payload_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (time.time(), self.run_id, anomaly, action, outcome, evidence,
@@ -364,7 +374,7 @@ class RunStore:
         self._last_flush = time.monotonic()
         if not self._pending_metrics and not self._pending_timings:
             return
-        conn = self._conn
+        conn = self._db
         conn.execute("BEGIN")
         try:
             conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?, ?, ?)",
@@ -430,7 +440,7 @@ class RunStore:
     # ----------------------------------------------------------------------------- reading
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
-            return self._conn.execute(sql, args).fetchall()
+            return self._db.execute(sql, args).fetchall()
 
     def run(self) -> RunInfo | None:
         rows = self._rows("SELECT * FROM runs LIMIT 1")
@@ -448,14 +458,14 @@ class RunStore:
         """Reads inside this block see one committed state of the file (a read transaction;
         other threads sharing this store wait). Nested blocks join the outer one."""
         with self._lock:
-            if self._conn.in_transaction:
+            if self._db.in_transaction:
                 yield self
                 return
-            self._conn.execute("BEGIN")
+            self._db.execute("BEGIN")
             try:
                 yield self
             finally:
-                self._conn.execute("COMMIT")
+                self._db.execute("COMMIT")
 
     def metric_names(self, prefix: str = "") -> list[str]:
         """Every metric name (under ``prefix``), sorted. O(names), not O(rows)."""
@@ -466,12 +476,12 @@ class RunStore:
         # A schema-1 store: hop from name to name along the (name, step) key.
         names, current = [], prefix
         with self._lock:
-            row = self._conn.execute("SELECT name FROM metrics WHERE name >= ? ORDER BY name "
-                                     "LIMIT 1", (current,)).fetchone()
+            row = self._db.execute("SELECT name FROM metrics WHERE name >= ? ORDER BY name "
+                                   "LIMIT 1", (current,)).fetchone()
             while row is not None and row[0].startswith(prefix):
                 names.append(row[0])
-                row = self._conn.execute("SELECT name FROM metrics WHERE name > ? ORDER BY "
-                                         "name LIMIT 1", (row[0],)).fetchone()
+                row = self._db.execute("SELECT name FROM metrics WHERE name > ? ORDER BY "
+                                       "name LIMIT 1", (row[0],)).fetchone()
         return names
 
     def metrics(self, names: Iterable[str] | None = None, *, since_step: int | None = None,
@@ -559,7 +569,7 @@ class RunStore:
         """(points, downsampled) of one series (``rollup.metric_key(name)`` or
         ``rollup.timing_key(rank, column)``) in steps [lo, hi]; see trainpilot.store.rollup."""
         with self._lock:
-            return rollup.read_window(self._conn, key, lo, hi, max_points, mode=mode,
+            return rollup.read_window(self._db, key, lo, hi, max_points, mode=mode,
                                       have_rollups=self.has_rollups)
 
     def step_range(self) -> tuple[int | None, int | None]:

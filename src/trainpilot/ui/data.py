@@ -73,8 +73,8 @@ def run_info(store: RunStore) -> dict[str, Any] | None:
                 world_size=run.world_size, host=run.host, info=clean(run.info))
 
 
-def _series(points: list[tuple[int, float | None]], lo: int, hi: int, down: bool,
-            ) -> dict[str, Any]:
+def _series(points: list[tuple[int, float | None]], lo: int | None, hi: int | None,
+            down: bool) -> dict[str, Any]:
     return {"steps": [s for s, _ in points], "values": [finite(v) for _, v in points],
             "lo": lo, "hi": hi, "downsampled": down}
 
@@ -87,7 +87,7 @@ def window_data(store: RunStore, lo: int | None, hi: int | None, *,
     ``max_points``; None bounds: the whole run). Timings use [timing_lo, timing_hi] when
     given."""
     first, last = store.step_range()
-    if first is None:
+    if first is None or last is None:  # no steps yet (the two are None together)
         return dict(series={}, layers={"names": [], "series": {}}, ranks={})
     lo = first if lo is None else max(lo, first)
     hi = last if hi is None else min(hi, last)
@@ -143,7 +143,7 @@ def _step_at_time(store: RunStore, when: float) -> int | None:
     """The last step logged at or before ``when`` (steps' times increase with steps; binary
     search over the step key, O(log steps) lookups)."""
     first, last = store.step_range()
-    if first is None:
+    if first is None or last is None:  # no steps yet (the two are None together)
         return None
     rows = store._rows  # noqa: SLF001 - one small query per probe
 
@@ -249,7 +249,7 @@ def compare_data(stores: dict[str, RunStore], name: str = "loss", *,
         with store.snapshot():
             run = store.run()
             first, last = store.step_range()
-            points, down = ([], False) if first is None else store.window(
+            points, down = ([], False) if first is None or last is None else store.window(
                 metric_key(name), first, last, max_points)
             out[key] = dict(name=run.name if run else key, status=run.status if run else None,
                             **_series(points, first, last, down))

@@ -114,8 +114,8 @@ def recorded_prediction(store: RunStore, docs: dict[str, Any], run_dir: Path | N
     steps, values = store.series("predicted_step_time_s")
     if values and finite(values[-1]):
         return values[-1], "recorded by the run (metric predicted_step_time_s)"
-    summary = _read_json(run_dir / "summary.json") if run_dir else None
-    value = finite((summary or {}).get("predicted_step_time_s"))
+    summary = (_read_json(run_dir / "summary.json") if run_dir else None) or {}
+    value = finite(summary.get("predicted_step_time_s"))
     if value:
         note = summary.get("prediction_note")
         return value, "the runtime's summary.json" + (f" ({note})" if note else "")

@@ -27,7 +27,7 @@ import sqlite3
 import urllib.parse
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -106,8 +106,9 @@ class Guard:
         request = Request(scope)
         if self.loopback_only and not _host_is_loopback(request.headers.get("host", "")):
             return await PlainTextResponse("forbidden: bad Host header", 403)(scope, receive, send)
-        if self.token is not None:
-            ok, from_query = self._authorised(request)
+        token = self.token
+        if token is not None:
+            ok, from_query = self._authorised(request, token)
             if not ok:
                 response = PlainTextResponse(
                     "unauthorized: this dashboard needs its token (?token=... once, or "
@@ -117,7 +118,7 @@ class Guard:
                 query = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
                 target = scope["path"] + ("?" + urllib.parse.urlencode(query) if query else "")
                 response = RedirectResponse(target, 303)
-                response.headers.append("set-cookie", self._cookie())
+                response.headers.append("set-cookie", self._cookie(token))
                 return await response(scope, receive, send)
         api = scope["path"].startswith("/api/")
 
@@ -135,19 +136,19 @@ class Guard:
 
         await self.app(scope, receive, send_with_headers)
 
-    def _cookie(self) -> str:
-        return (f"{cookie_name(self.port)}={cookie_value(self.token, self.port)}; Path=/; "
+    def _cookie(self, token: str) -> str:
+        return (f"{cookie_name(self.port)}={cookie_value(token, self.port)}; Path=/; "
                 "HttpOnly; SameSite=Strict" + ("; Secure" if self.secure else ""))
 
-    def _authorised(self, request: Request) -> tuple[bool, bool]:
-        """(token accepted, it came as ?token=)."""
+    def _authorised(self, request: Request, token: str) -> tuple[bool, bool]:
+        """(``token`` accepted, it came as ?token=)."""
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            return _same(auth[7:].strip(), self.token), False
+            return _same(auth[7:].strip(), token), False
         if "token" in request.query_params:
-            return _same(request.query_params["token"], self.token), True
+            return _same(request.query_params["token"], token), True
         cookie = request.cookies.get(cookie_name(self.port))
-        return cookie is not None and _same(cookie, cookie_value(self.token, self.port)), False
+        return cookie is not None and _same(cookie, cookie_value(token, self.port)), False
 
 
 def _same(given: str, expected: str) -> bool:
@@ -167,6 +168,14 @@ class UnknownRun(LookupError):
 
 
 MAX_INT_CHARS = 24
+
+
+@overload
+def _int_param(request: Request, name: str, default: int) -> int: ...
+
+
+@overload
+def _int_param(request: Request, name: str, default: None = None) -> int | None: ...
 
 
 def _int_param(request: Request, name: str, default: int | None = None) -> int | None:

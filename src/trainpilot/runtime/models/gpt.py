@@ -19,6 +19,7 @@ parallel APIs apply without rewriting it (torchtitan's convention):
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +59,7 @@ class Attention(nn.Module):
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
-        h, d = spec.hidden_size, int(spec.head_dim)
+        h, d = spec.hidden_size, spec.head_size
         self.head_dim = d
         self.rep = spec.num_attention_heads // spec.kv_heads
         self.rope = spec.position_embedding == "rope"
@@ -122,7 +123,7 @@ class Block(nn.Module):
 
             self.feed_forward: nn.Module = MoE(spec)
         else:
-            self.feed_forward = MLP(spec.hidden_size, int(spec.intermediate_size),
+            self.feed_forward = MLP(spec.hidden_size, spec.ffn_size,
                                     swiglu=spec.activation == "swiglu", bias=spec.bias)
         self.recompute_full = False
 
@@ -140,6 +141,9 @@ class GPT(nn.Module):
     """Decoder-only transformer. ``forward(tokens [b, s]) -> logits [b, s, vocab]`` on a whole
     model; a pipeline stage without embedding/head maps hidden states to hidden states."""
 
+    rope_cos: torch.Tensor  # buffers (register_buffer): [max_seq_len, head_dim]
+    rope_sin: torch.Tensor
+
     def __init__(self, spec: ModelSpec, *, max_seq_len: int):
         super().__init__()
         self.spec = spec
@@ -154,21 +158,24 @@ class GPT(nn.Module):
             None if spec.tie_word_embeddings else nn.Linear(h, spec.vocab_size, bias=False))
         self.is_last_stage = True
         self.context_parallel: ContextParallel | None = None  # see set_context_parallel
-        cos, sin = rope_tables(max_seq_len, int(spec.head_dim), theta=spec.rope_theta)
+        cos, sin = rope_tables(max_seq_len, spec.head_size, theta=spec.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def init_buffers(self) -> None:
         """Recompute the RoPE tables in place (after ``to_empty`` from the meta device)."""
-        cos, sin = rope_tables(self.max_seq_len, int(self.spec.head_dim),
+        cos, sin = rope_tables(self.max_seq_len, self.spec.head_size,
                                device=self.rope_cos.device, theta=self.spec.rope_theta)
         with torch.no_grad():
             self.rope_cos.copy_(cos)
             self.rope_sin.copy_(sin)
 
+    def _blocks(self) -> list[Block]:
+        return [cast(Block, block) for block in self.layers.values()]  # the layers are Blocks
+
     def set_recompute(self, mode: str) -> None:
         """Activation recomputation: "none", "selective" (attention core) or "full" (layer)."""
-        for block in self.layers.values():
+        for block in self._blocks():
             block.recompute_full = mode == "full"
             block.attention.recompute_core = mode == "selective"
 
@@ -176,7 +183,7 @@ class GPT(nn.Module):
         """Take this rank's share of each sequence (:func:`.context.shard_sequence`) from now
         on: global positions, and attention over the whole sequence through the cp group."""
         self.context_parallel = cp
-        for block in self.layers.values():
+        for block in self._blocks():
             block.attention.context_parallel = cp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -195,10 +202,12 @@ class GPT(nn.Module):
             x = block(x, cos, sin)
         if not self.is_last_stage:
             return x
+        assert self.norm is not None  # only stages before the last drop the final norm
         x = self.norm(x)
         if self.output is not None:
             return self.output(x)
-        return F.linear(x, self.tok_embeddings.weight)  # tied (checked: needs pp = tp = 1)
+        assert self.tok_embeddings is not None  # tied (checked: needs pp = tp = 1)
+        return F.linear(x, self.tok_embeddings.weight)
 
 
 def build_gpt(spec: ModelSpec, *, max_seq_len: int, device: str | torch.device = "meta") -> GPT:
