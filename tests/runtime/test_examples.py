@@ -1,5 +1,5 @@
 """examples/: the plain DDP loop runs under torchrun on 2 CPU ranks, and the same loop with
-trainpilot's parts survives a crash of rank 1 bit-exactly (final weights equal to an
+trainpilot's parts survives NaN, crash and hang faults bit-exactly (final weights equal to an
 uninterrupted run's)."""
 
 from __future__ import annotations
@@ -47,17 +47,25 @@ def test_plain_ddp_example_trains_on_two_ranks(texts):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_trainpilot_example_survives_a_crash_bit_exactly(tmp_path, texts):
+def test_trainpilot_example_survives_nan_crash_and_hang_bit_exactly(tmp_path, texts):
+    import json
+
     import torch
 
-    common = ("--steps", "8", "--save-every", "3", "--data", texts)
+    common = ("--steps", "9", "--save-every", "3", "--data", texts)
     ref = torchrun("ddp_with_trainpilot.py", *common, "--run-dir", str(tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr[-3000:]
-    crash = torchrun("ddp_with_trainpilot.py", *common, "--run-dir", str(tmp_path / "crash"),
-                     env=dict(TRAINPILOT_INJECT="crash:rank=1,step=5"), restarts=1)
-    assert crash.returncode == 0, crash.stderr[-3000:]
-    journal = (tmp_path / "crash" / "faults.jsonl").read_text()
-    assert '"kind": "crash"' in journal and '"step": 5' in journal  # it really fired
+    # One run, four faults: a NaN in rank 0's backward and one in rank 1's gradients (the step
+    # is computed once more), a crash of rank 1 (torchrun restarts, the checkpoint restores) and
+    # a hang of rank 1 (SIGSTOP: the session's heartbeats declare it failed, then a restart).
+    spec = "nan:rank=0,step=2;nan:rank=1,step=4,at=grad;crash:rank=1,step=5;hang:rank=1,step=8"
+    faulty = torchrun("ddp_with_trainpilot.py", *common, "--run-dir", str(tmp_path / "faulty"),
+                      env=dict(TRAINPILOT_INJECT=spec), restarts=2, timeout_s=240)
+    assert faulty.returncode == 0, faulty.stderr[-3000:]
+    fired = [json.loads(line) for line in
+             (tmp_path / "faulty" / "faults.jsonl").read_text().splitlines()]
+    assert sorted((f["kind"], f["rank"], f["step"]) for f in fired) == [
+        ("crash", 1, 5), ("hang", 1, 8), ("nan", 0, 2), ("nan", 1, 4)]  # each really fired
     a = torch.load(tmp_path / "ref" / "final.pt")
-    b = torch.load(tmp_path / "crash" / "final.pt")
+    b = torch.load(tmp_path / "faulty" / "final.pt")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
