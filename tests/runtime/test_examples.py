@@ -46,7 +46,7 @@ def test_plain_ddp_example_trains_on_two_ranks(texts):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)
 def test_trainpilot_example_survives_nan_crash_and_hang_bit_exactly(tmp_path, texts):
     import json
 
@@ -59,8 +59,11 @@ def test_trainpilot_example_survives_nan_crash_and_hang_bit_exactly(tmp_path, te
     # is computed once more), a crash of rank 1 (torchrun restarts, the checkpoint restores) and
     # a hang of rank 1 (SIGSTOP: the session's heartbeats declare it failed, then a restart).
     spec = "nan:rank=0,step=2;nan:rank=1,step=4,at=grad;crash:rank=1,step=5;hang:rank=1,step=8"
+    # Two restarts are needed; a third in hand: under a loaded suite a restarted rank was once
+    # silent for the heartbeat's 3 s while it started, and was declared failed (that recovery is
+    # bit-exact too).
     faulty = torchrun("ddp_with_trainpilot.py", *common, "--run-dir", str(tmp_path / "faulty"),
-                      env=dict(TRAINPILOT_INJECT=spec), restarts=2, timeout_s=240)
+                      env=dict(TRAINPILOT_INJECT=spec), restarts=3, timeout_s=280)
     assert faulty.returncode == 0, faulty.stderr[-3000:]
     fired = [json.loads(line) for line in
              (tmp_path / "faulty" / "faults.jsonl").read_text().splitlines()]
