@@ -18,7 +18,8 @@ curves of real text) covers the model, the interval is instead the point forecas
 ``exp([q_lo, q_hi])``, a Student-t prediction interval of log(truth / forecast) at the same
 fraction of the run seen (a bootstrap of the fit's residuals cannot see the error of the
 functional form, so it was overconfident: 3 of 6 and 0 of 6 covered on real curves). With a
-known schedule both laws are fitted and the lower BIC is used. Forecasts
+known schedule both laws are fitted; the schedule-aware one is used only when its BIC is lower
+by more than ``BIC_STRONG``. Forecasts
 are never negative; one the forecaster cannot stand behind (a loss that is not decreasing, a fit
 at its bounds, less than 10 % of the run seen, an interval wider than the forecast) carries
 ``reliable=False`` and a ``note`` saying why. Refit after LR-schedule changes: without ``lr_at``, an observed step
@@ -76,7 +77,7 @@ class Forecast:
     reliable: bool = True
     note: str = ""  # why it is not reliable (empty when it is)
     interval_source: str = "bootstrap"  # or "calibrated" (the shipped table)
-    bic: dict[str, float] = field(default_factory=dict)  # each law fitted: the lower one is used
+    bic: dict[str, float] = field(default_factory=dict)  # BIC of each law fitted
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -225,10 +226,8 @@ class ConvergenceForecaster:
             self._areas = areas
 
     def _forecast_binned(self, xs, ys, steps, steps_a, start, target_loss) -> Forecast:
-        # With a known schedule both laws are fitted and the data choose (BIC on the binned log
-        # losses): the annealing law has one more parameter and a different time axis, and on
-        # short runs whose loss does not respond to the decay it fitted worse and extrapolated
-        # 3-8 % low, where the plain law in steps was within 3.6 %.
+        # With a known schedule both laws are fitted to the binned log losses and the data
+        # choose between them (BIC, below).
         candidates = [self._fit_candidate(xs, ys)]
         if self._areas is not None:
             areas, self._areas = self._areas, None
