@@ -66,6 +66,24 @@ def test_epochs_cross_and_reshuffle():
     assert both[:3].tolist() == first[7:].tolist() and both[3:].tolist() == second[:3].tolist()
 
 
+def test_windowed_order_equals_the_direct_permutation():
+    """Steps are served from a cached window of the order (sampler.WINDOW positions): the
+    indices must be the permutation's own, across window edges, an epoch edge and a restore
+    into the middle of a window another sampler has cached."""
+    from trainpilot.runtime import sampler as sampler_mod
+
+    n = 2 * sampler_mod.WINDOW + 123
+    sampler = ResumableSampler(n, seed=7)
+    drawn = np.concatenate([sampler.next_indices(37) for _ in range(2 * n // 37 + 1)])
+    expect = np.concatenate([FeistelPermutation(n, key=7 * 1_000_003 + e)(np.arange(n))
+                             for e in range(3)])
+    assert np.array_equal(drawn, expect[:len(drawn)])
+    state = dict(sampler.state_dict(), epoch=1, position=sampler_mod.WINDOW - 5)
+    sampler.load_state_dict(state)  # its window holds epoch 2: must not be reused
+    got = sampler.next_indices(10)
+    assert np.array_equal(got, expect[n + sampler_mod.WINDOW - 5:n + sampler_mod.WINDOW + 5])
+
+
 def test_restore_refuses_another_dataset():
     from trainpilot.specs import SpecError
 

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(exporter, PrometheusExporter):
             console.print(f"serving {exporter.url} (Ctrl-C to stop)")
             try:
-                exporter._thread.join()
+                exporter.join()
             except KeyboardInterrupt:
                 pass
             finally:

@@ -43,18 +43,20 @@ class MemoryStats:
 
 
 def reduced_sums(tensors: list[torch.Tensor], local_fn) -> list[float]:
-    """``local_fn`` (a list of tensors -> a list of 0-d tensors, each a sum over the elements
-    of one tensor: a squared norm, a count) applied to whole tensors, also when they are
-    DTensors sharded over ranks (FSDP2, TP): each rank evaluates its shards, values of
-    replicated dimensions are divided by their replication, and one all-reduce per mesh
-    dimension sums them. Every rank of a mesh must call this with the same tensors in the
+    """``local_fn`` (a list of tensors -> a list of 0-d tensors or one vector, each entry a
+    sum over the elements of one tensor: a squared norm, a count) applied to whole tensors,
+    also when they are DTensors sharded over ranks (FSDP2, TP): each rank evaluates its shards,
+    values of replicated dimensions are divided by their replication, and one all-reduce per
+    mesh dimension sums them. Every rank of a mesh must call this with the same tensors in the
     same order (true for the parameters of one pipeline stage)."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    out: list[float | None] = [None] * len(tensors)
     plain = [i for i, t in enumerate(tensors) if not isinstance(t, DTensor)]
+    if len(plain) == len(tensors):  # no DTensor (DDP, one process): no bookkeeping
+        return _stacked(local_fn(tensors)).tolist()
+    out: list[float | None] = [None] * len(tensors)
     if plain:
-        values = torch.stack([v.double() for v in local_fn([tensors[i] for i in plain])])
+        values = _stacked(local_fn([tensors[i] for i in plain]))
         for i, v in zip(plain, values.tolist()):
             out[i] = v
     groups: dict[int, list[tuple[int, DTensor]]] = {}  # mesh -> (index, DTensor) on it
@@ -75,7 +77,7 @@ def reduced_sums(tensors: list[torch.Tensor], local_fn) -> list[float]:
                 if placement.is_replicate():
                     copies *= mesh.size(dim)
             scales.append(1.0 / copies)
-        values = torch.stack([v.double() for v in local_fn(locals_)])
+        values = _stacked(local_fn(locals_))
         values = values * torch.tensor(scales, dtype=torch.float64, device=values.device)
         for dim in range(mesh.ndim):
             if mesh.size(dim) > 1:
@@ -85,10 +87,16 @@ def reduced_sums(tensors: list[torch.Tensor], local_fn) -> list[float]:
     return out  # type: ignore[return-value]  # every slot is filled: plain, then per mesh
 
 
+def _stacked(values: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """``local_fn``'s answer as one float64 vector (one kernel, not one per tensor)."""
+    return (values if isinstance(values, torch.Tensor) else torch.stack(values)).double()
+
+
 def squared_norms(tensors: list[torch.Tensor]) -> list[float]:
-    """Squared L2 norm of each (whole) tensor: one fused norm kernel per kind of tensor."""
-    def local(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [n.double() ** 2 for n in torch._foreach_norm(ts, 2, dtype=torch.float32)]
+    """Squared L2 norm of each (whole) tensor: one fused norm kernel per kind of tensor, then
+    one conversion and one square over the stacked norms."""
+    def local(ts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(torch._foreach_norm(ts, 2, dtype=torch.float32)).double().square()
     return reduced_sums(tensors, local)
 
 

@@ -5,7 +5,10 @@
   the robust z-score is ``(x - prediction) / (1.4826 * MAD(residuals))``, computed on ``log(x)``
   when every value is positive (a loss's batch-to-batch noise is multiplicative). A point is
   flagged when ``z > z_threshold`` and ``x > (1 + rise) * prediction``. Flagged points are not
-  added to the history, so one spike cannot drag the trend after it.
+  added to the history, so one spike cannot drag the trend after it. The logs of the history
+  and the pairs' step gaps (for a run of consecutive steps) are kept between calls: a fit is
+  some 14 numpy calls on 32 points, 0.03 ms alone and about 0.3 ms inside a training step
+  (cold caches, a shared core).
 - :class:`PlateauDetector` (slow convergence): over the last ``window`` points, the median of the
   last quarter against the median of the first quarter; flagged when the relative improvement is
   below ``min_rel_improvement``.
@@ -39,10 +42,18 @@ def fast_median(a: np.ndarray) -> float:
     return 0.5 * float(part[k - 1] + part[k])
 
 
-def theil_sen(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(slope, intercept) of the Theil–Sen line: median pairwise slope, median intercept."""
+@lru_cache(maxsize=64)
+def _unit_gaps(n: int) -> np.ndarray:
+    i, j = _pairs(n)
+    return (j - i).astype(np.float64)
+
+
+def theil_sen(x: np.ndarray, y: np.ndarray, *, consecutive: bool = False) -> tuple[float, float]:
+    """(slope, intercept) of the Theil–Sen line: median pairwise slope, median intercept.
+    ``consecutive``: ``x`` is a run of consecutive integers, so the pairs' gaps are cached."""
     i, j = _pairs(len(x))
-    slope = fast_median((y[j] - y[i]) / (x[j] - x[i]))
+    gaps = _unit_gaps(len(x)) if consecutive else x[j] - x[i]
+    slope = fast_median((y[j] - y[i]) / gaps)
     return slope, fast_median(y - slope * x)
 
 
@@ -69,6 +80,7 @@ class TrendDetector:
         self.z_threshold, self.rise = z_threshold, rise
         self._steps: deque[int] = deque(maxlen=window)
         self._values: deque[float] = deque(maxlen=window)
+        self._logs: deque[float] = deque(maxlen=window)  # log(value), nan when value <= 0
 
     def __len__(self) -> int:
         return len(self._values)
@@ -80,40 +92,55 @@ class TrendDetector:
                               flagged=True)
         if len(self._values) < self.min_points:
             return TrendScore(value=value, prediction=None, z=0.0, ratio=1.0, flagged=False)
-        x = np.asarray(self._steps, dtype=np.float64)
-        y = np.asarray(self._values, dtype=np.float64)
-        positive = bool(np.all(y > 0)) and value > 0
-        if positive:  # losses: multiplicative noise, so judge log(loss)
-            y, current = np.log(y), math.log(value)
-        else:
-            current = value
-        slope, intercept = theil_sen(x, y)
-        fit = slope * step + intercept
-        floor = _MIN_REL_SIGMA if positive else _MIN_REL_SIGMA * abs(fit)
-        sigma = max(robust_sigma(y - (slope * x + intercept)), floor, 1e-12)
-        z = (current - fit) / sigma
-        prediction = math.exp(fit) if positive else fit
+        positive = value > 0 and min(self._values) > 0
+        return self._judge(self._fit_line(positive), step, value)
+
+    def _fit_line(self, positive: bool) -> tuple[float, float, float, bool]:
+        """(slope, intercept, robust sigma of the residuals, on logs?) of the history now."""
+        n = len(self._values)
+        x = np.fromiter(self._steps, np.float64, n)
+        # losses: multiplicative noise, so judge log(loss)
+        y = np.fromiter(self._logs if positive else self._values, np.float64, n)
+        # Steps only grow (accept() keeps them so): first and last n - 1 apart means a run.
+        slope, intercept = theil_sen(x, y, consecutive=self._steps[-1] - self._steps[0] == n - 1)
+        return slope, intercept, robust_sigma(y - (slope * x + intercept)), positive
+
+    def _judge(self, fit: tuple[float, float, float, bool], step: int,
+               value: float) -> TrendScore:
+        slope, intercept, sigma, positive = fit
+        line = slope * step + intercept
+        floor = _MIN_REL_SIGMA if positive else _MIN_REL_SIGMA * abs(line)
+        z = ((math.log(value) if positive else value) - line) / max(sigma, floor, 1e-12)
+        prediction = math.exp(line) if positive else line
         ratio = value / prediction if prediction > 0 else math.inf
         flagged = z > self.z_threshold and ratio > 1.0 + self.rise
         return TrendScore(value=value, prediction=prediction, z=z, ratio=ratio, flagged=flagged)
 
     def accept(self, step: int, value: float) -> None:
-        """Add a point judged normal to the history."""
+        """Add a point judged normal to the history (a step at or before the newest one
+        replaces the points from it on: the run went back)."""
+        if self._steps and step <= self._steps[-1]:
+            self.truncate(step - 1)
         self._steps.append(step)
         self._values.append(value)
+        self._logs.append(math.log(value) if value > 0 else math.nan)
 
     def state_dict(self) -> dict[str, list]:
         return {"steps": list(self._steps), "values": list(self._values)}
 
     def load_state_dict(self, state: dict[str, list]) -> None:
-        self._steps = deque((int(s) for s in state["steps"]), maxlen=self.window)
-        self._values = deque((float(v) for v in state["values"]), maxlen=self.window)
+        self._steps = deque(maxlen=self.window)
+        self._values = deque(maxlen=self.window)
+        self._logs = deque(maxlen=self.window)
+        for step, value in zip(state["steps"], state["values"]):
+            self.accept(int(step), float(value))
 
     def truncate(self, last_step: int) -> None:
         """Forget points after ``last_step`` (the run was rolled back to it)."""
         while self._steps and self._steps[-1] > last_step:
             self._steps.pop()
             self._values.pop()
+            self._logs.pop()
 
 
 @dataclass(frozen=True, kw_only=True)

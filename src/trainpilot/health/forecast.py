@@ -142,6 +142,9 @@ class ConvergenceForecaster:
         if lr_at is not None:
             lrs = np.array([float(lr_at(s)) for s in range(1, total_steps + 1)])
             self._areas = lr_areas(lrs)
+        # scipy.optimize takes about 0.7 s to import: pay it here, before training starts, not
+        # inside whichever step makes the first forecast (it stalled that step by 20x).
+        import scipy.optimize  # noqa: F401
 
     # ------------------------------------------------------------------ the model
     def _features(self, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +160,7 @@ class ConvergenceForecaster:
         return c + a * np.power(x / scale, -b) - anneal
 
     def _fit(self, x, s2, y, scale, start) -> np.ndarray:
-        from scipy.optimize import least_squares  # imported here: scipy costs ~1 s to import
+        from scipy.optimize import least_squares  # imported by __init__ already
 
         anneal = len(start) > 3
         lo = [1e-9, 1e-3, 0.0] + ([0.0] if anneal else [])

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from trainpilot.health.config import HealthConfig
     from trainpilot.health.detectors import PlateauDetector, PlateauScore, TrendDetector
     from trainpilot.health.interventions import InterventionLog, RestoreFn
-    from trainpilot.health.monitor import _StepState
+    from trainpilot.health.monitor import StepState
     from trainpilot.health.records import StepRecord
     from trainpilot.store.runstore import RunStore
 
@@ -44,7 +44,7 @@ class LossActions:
     _first_flag_step: int | None
 
     # ------------------------------------------------------------------ convergence
-    def _plateau(self, rec: StepRecord, state: _StepState) -> PlateauScore | None:
+    def _plateau(self, rec: StepRecord, state: StepState) -> PlateauScore | None:
         rule = self.config.rules.slow_convergence
         if not rule.enabled or (state.loss_score and state.loss_score.flagged):
             return None
@@ -105,7 +105,7 @@ class LossActions:
         return cfg.enabled and (self._consecutive_flags
                                 >= self.config.rules.divergence_risk.patience)
 
-    def _rollback(self, step: int, state: _StepState) -> Directive | None:
+    def _rollback(self, step: int, state: StepState) -> Directive | None:
         cfg = self.config.interventions.rollback_on_divergence
         first_bad = self._first_flag_step or step
         s = state.loss_score

@@ -52,7 +52,9 @@ from trainpilot.store.runstore import RunStore
 
 
 @dataclass(kw_only=True)
-class _StepState:
+class StepState:
+    """What the monitor knows of the step in progress (loss judged, gradients read, skip)."""
+
     step: int
     loss_score: TrendScore | None = None
     grads: GradStats | None = None
@@ -105,7 +107,7 @@ class HealthMonitor(LossActions):
         self.good_steps: list[int] = []
         self.collector: MetricsCollector | None = None
         self._hooks: list[Any] = []
-        self._state: _StepState | None = None
+        self._state: StepState | None = None
         self._consecutive_flags = 0
         self._first_flag_step: int | None = None
         self._grad_norms: deque[float] = deque(maxlen=64)
@@ -237,12 +239,12 @@ class HealthMonitor(LossActions):
     def _current_step(self) -> int:
         return self._state.step if self._state else self._last_step
 
-    def _state_for(self, step: int | None = None) -> _StepState:
+    def _state_for(self, step: int | None = None) -> StepState:
         """This step's state: the open one (relabelled to ``step``), or a new one."""
         if self._state is None or self._state.done or (
                 step is not None and self._state.loss_score is not None
                 and self._state.step != step):
-            self._state = _StepState(step=self._last_step + 1 if step is None else step)
+            self._state = StepState(step=self._last_step + 1 if step is None else step)
         elif step is not None:
             self._state.step = step
         return self._state
@@ -301,7 +303,7 @@ class HealthMonitor(LossActions):
         if self._state is not None and not self._state.skipped:
             self._state.update_ratio = collector.update_ratios()
 
-    def _skip_update(self, state: _StepState, collector: MetricsCollector, stats: GradStats,
+    def _skip_update(self, state: StepState, collector: MetricsCollector, stats: GradStats,
                      reason: str) -> None:
         """Drop this step's gradients (``stats``: theirs; ``reason``: the skip's trigger)."""
         score = state.loss_score
@@ -373,7 +375,7 @@ class HealthMonitor(LossActions):
         opt = getattr(self, "optimizer", None)
         return float(opt.param_groups[0]["lr"]) if opt is not None else None
 
-    def _metrics(self, rec: StepRecord, state: _StepState, lr: float | None) -> dict[str, float]:
+    def _metrics(self, rec: StepRecord, state: StepState, lr: float | None) -> dict[str, float]:
         m: dict[str, float] = {"loss": rec.loss}
         if lr is not None:
             m["lr"] = lr
@@ -408,7 +410,7 @@ class HealthMonitor(LossActions):
                 m["mem_frac"] = mem.mem_frac
         return m
 
-    def _loss_rules(self, rec: StepRecord, state: _StepState) -> None:
+    def _loss_rules(self, rec: StepRecord, state: StepState) -> None:
         rules, s = self.config.rules, state.loss_score
         if rules.non_finite.enabled:
             self.alerts.evaluated("non_finite")
@@ -427,7 +429,7 @@ class HealthMonitor(LossActions):
                                  f"{s.prediction:.4g} (z={s.z:.1f})", loss=rec.loss,
                                  trend=s.prediction, z=s.z, ratio=s.ratio)
 
-    def _gradient_rules(self, step: int, state: _StepState) -> None:
+    def _gradient_rules(self, step: int, state: StepState) -> None:
         rules, g = self.config.rules, state.grads
         if g is None:
             return
@@ -475,7 +477,7 @@ class HealthMonitor(LossActions):
                                      f" steps)", rank=s.rank, slowdown=s.slowdown)
 
     # ------------------------------------------------------------------ score and forecast
-    def _score(self, rec: StepRecord, state: _StepState, metrics: dict[str, float]):
+    def _score(self, rec: StepRecord, state: StepState, metrics: dict[str, float]):
         rules, g, s = self.config.rules, state.grads, state.loss_score
         timings = tuple(t.compute_s for t in rec.rank_timings or () if t.compute_s is not None)
         recent_fault = (self._last_fault_step is not None

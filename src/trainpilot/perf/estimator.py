@@ -36,9 +36,9 @@ from trainpilot.perf.stages import (  # noqa: F401 (re-exported: the cost model'
     OPT_BYTES_PER_PARAM,
     Costing,
     Layout,
+    Sig,
+    Sigs,
     StageNumbers,
-    _Sig,
-    _Sigs,
     layout_of,
 )
 from trainpilot.perf.topology import GroupSpan, Network, Placement
@@ -60,7 +60,7 @@ class Estimator:
         self._layers: dict[tuple, LayerCost] = {}
         self._spans: dict[tuple, dict[str, GroupSpan]] = {}
         self._params: dict[tuple, list[RankParams]] = {}
-        self._sigs: dict[tuple, _Sigs] = {}
+        self._sigs: dict[tuple, Sigs] = {}
         self._flops: dict[tuple, tuple[float, float]] = {}
         self._edge_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self._traffic: dict[tuple, Traffic] = {}
@@ -117,7 +117,7 @@ class Estimator:
         sg = self.signatures(lay)
         return [list(sg.sigs[k].ids) for k in sg.of_stage]
 
-    def signatures(self, lay: Layout) -> _Sigs:
+    def signatures(self, lay: Layout) -> Sigs:
         """The stage signatures of ``lay``'s split (cached by split and interleaving)."""
         key = (lay.stage_layers, lay.vp)
         found = self._sigs.get(key)
@@ -125,7 +125,7 @@ class Estimator:
             found = self._sigs[key] = self._make_sigs(lay)
         return found
 
-    def _make_sigs(self, lay: Layout) -> _Sigs:
+    def _make_sigs(self, lay: Layout) -> Sigs:
         p, v = lay.pp, lay.vp
         chunks = chunk_layers(lay.stage_layers, v, field="vp")
         # Model order is chunk-major (chunk 0 of every rank, then chunk 1, ...).
@@ -135,7 +135,7 @@ class Estimator:
             for i in range(p):
                 ids[i] += range(start, start + chunks[i][k])
                 start += chunks[i][k]
-        sigs: list[_Sig] = []
+        sigs: list[Sig] = []
         index: dict[tuple, int] = {}
         of_stage: list[int] = []
         for i, stage in enumerate(ids):
@@ -144,13 +144,13 @@ class Estimator:
             sig_key = (len(stage), n_moe, tuple(chunks[i]), i == 0, i == p - 1)
             if sig_key not in index:
                 index[sig_key] = len(sigs)
-                sigs.append(_Sig(tuple(stage), n_moe, i == 0, i == p - 1, tuple(chunks[i])))
+                sigs.append(Sig(tuple(stage), n_moe, i == 0, i == p - 1, tuple(chunks[i])))
             of_stage.append(index[sig_key])
         first = [of_stage.index(k) for k in range(len(sigs))]
         count = [of_stage.count(k) for k in range(len(sigs))]
         before = [tuple(of_stage[:first[k]].count(j) for j in range(len(sigs)))
                   for k in range(len(sigs))]
-        return _Sigs(tuple(sigs), tuple(of_stage), tuple(first), tuple(count), tuple(before))
+        return Sigs(tuple(sigs), tuple(of_stage), tuple(first), tuple(count), tuple(before))
 
     def _setup(self, lay: Layout, sp: bool | None = None) -> LayerSetup:
         return LayerSetup(
@@ -207,7 +207,7 @@ class Estimator:
                                                    self.lay_device(lay), self.net, spans)
         return found
 
-    def params(self, lay: Layout, sig: _Sig) -> RankParams:
+    def params(self, lay: Layout, sig: Sig) -> RankParams:
         return self.sig_params(lay)[self.signatures(lay).sigs.index(sig)]
 
     def sig_params(self, lay: Layout) -> list[RankParams]:
@@ -228,14 +228,14 @@ class Estimator:
                                 hardware_flops_per_token(self.model, seq_len, recompute))
         return self._flops[key]
 
-    def _in_flight(self, lay: Layout, stage: int, m: int | None = None) -> float:
+    def in_flight(self, lay: Layout, stage: int, m: int | None = None) -> float:
         """Stage-equivalents of activations rank ``stage`` holds at its peak (``m``: another
         micro-batch count than the layout's)."""
         sg = self.signatures(lay)
         return self.flight(lay.schedule, stage, lay.pp, lay.vp, m or lay.num_micro_batches,
                            sg.sigs[sg.of_stage[stage]].chunks)
 
-    def flights(self, lay: Layout, sg: _Sigs) -> tuple[float, ...]:
+    def flights(self, lay: Layout, sg: Sigs) -> tuple[float, ...]:
         """In-flight stage-equivalents at each signature's first rank (cached by signature
         set, schedule and micro-batch count)."""
         key = (id(sg), lay.schedule, lay.num_micro_batches)  # sg lives as long as the cache
@@ -296,7 +296,8 @@ class Estimator:
             hbm_bytes=g.dev.hbm_bytes, spans=g.spans,
         )
 
-    def _p2p(self, lay: Layout, spans: dict[str, GroupSpan]) -> float:
+    def p2p(self, lay: Layout, spans: dict[str, GroupSpan]) -> float:
+        """Seconds of one activation (or gradient) transfer between pipeline stages."""
         if lay.pp == 1:
             return 0.0
         key = (lay.micro_batch_size * lay.seq_len / (lay.cp * lay.tp), spans["pp"],
@@ -357,8 +358,8 @@ class Estimator:
                     tb += max(net.reduce_scatter_s(span, msg), coll)
         return f, b, tf, tb
 
-    def _data_parallel(self, lay: Layout, spans: dict[str, GroupSpan], st: StageNumbers,
-                       sig: _Sig) -> None:
+    def data_parallel(self, lay: Layout, spans: dict[str, GroupSpan], st: StageNumbers,
+                      sig: Sig) -> None:
         """The stage's gradient/parameter traffic, its exposure and the optimizer step."""
         dev = self.lay_device(lay)
         gbytes = lay.rt.grad_bytes

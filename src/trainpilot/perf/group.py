@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from trainpilot.perf.layer import ACT_BYTES, LayerCost
 from trainpilot.perf.memory import bytes_per_param
 from trainpilot.perf.stages import (
-    _MODE_INDEX,
+    MODE_INDEX,
     OPT_BYTES_PER_PARAM,
     Layout,
     StageNumbers,
-    _add_edges,
-    _add_layers,
+    add_edges,
+    add_layers,
     pipeline_bubble,
 )
 
@@ -53,7 +53,7 @@ class Group:
             self.spans, self.sg, self.params, self.dev = like.spans, like.sg, like.params, \
                 like.dev
         self.flight = est.flights(lay, self.sg)
-        self.p2p = est._p2p(lay, self.spans)
+        self.p2p = est.p2p(lay, self.spans)
         self.tokens = lay.micro_batch_size * lay.seq_len / lay.cp
         self.shards = (lay.dp_shard or lay.dp) * lay.cp
         self.expert_shards = max(1, self.shards // lay.ep)
@@ -163,7 +163,7 @@ class Group:
             bytes_per_param(zero, self.expert_shards, gb, unsharded))
         dense = est.layer_act(lay, False, sp, 1)  # (none, selective, full) bytes at mb = 1
         moe = est.layer_act(lay, True, sp, 1) if est.model.is_moe else dense
-        pick = _MODE_INDEX[mode]
+        pick = MODE_INDEX[mode]
         h, t = est.model.hidden_size, lay.tp
         tokens = lay.seq_len / lay.cp  # per sample
         tokens_sp = tokens / t if sp else tokens
@@ -323,12 +323,12 @@ class Group:
         for k, (st, sig) in enumerate(zip(stages, self.sg.sigs)):
             n_dense = len(sig.ids) - sig.n_moe
             if n_dense:
-                _add_layers(st, dense, n_dense, mode)
+                add_layers(st, dense, n_dense, mode)
             if sig.n_moe:
-                _add_layers(st, moe, sig.n_moe, mode)
-            _add_edges(st, self.edges(sp, k))
+                add_layers(st, moe, sig.n_moe, mode)
+            add_edges(st, self.edges(sp, k))
             st.p2p_s = self.p2p
-            self.est._data_parallel(lay, self.spans, st, sig)
+            self.est.data_parallel(lay, self.spans, st, sig)
 
     def pipeline(self, lay: Layout, stages: list[StageNumbers], *, dp: bool = True
                  ) -> tuple[float, dict[str, float]]:
@@ -376,7 +376,7 @@ class Group:
             st.index = i
             st.dp_exposed_s = max(0.0, st.dp_tail_rs_s - slack_end) + \
                 max(0.0, st.dp_tail_ag_s - slack_start)
-            act = st.act_edge_bytes + est._in_flight(lay, i) * st.act_bytes
+            act = st.act_edge_bytes + est.in_flight(lay, i) * st.act_bytes
             st.memory = dict(src.memory, activations=act)
             st.memory["total"] = st.static_bytes + act
             slack_end += st.bwd_s / v

@@ -115,7 +115,7 @@ class LayerCost:
                 + sum(self.recompute_s(recompute)))
 
 
-class _Ops:
+class Ops:
     """Accumulates kernels: each takes max(its GPU time, the host's issue time)."""
 
     def __init__(self, host_s: float):
@@ -189,7 +189,7 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     a_t, kv_t = a / t, kvh / t
     # Ops on tensor-parallel (DTensor) tensors pay the sharding dispatch on the host too.
     host = dev.host_s + (dev.host_sharded_s if t > 1 else 0.0)
-    fwd, bwd = _Ops(host), _Ops(host)
+    fwd, bwd = Ops(host), Ops(host)
 
     # Attention projections.
     for n, k in _attention_gemms(model, t):
@@ -197,7 +197,7 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
         bwd.add_gemm(dev.gemm_s(m, n, k), backward=True)
 
     # Attention core (sliding windows: fewer keys per query, ``window_factor``).
-    core = _Ops(host)
+    core = Ops(host)
     if st.flash_attention:
         flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL * st.window_factor
         core.add(dev.attention_s(flops, rt.attention_kernel))

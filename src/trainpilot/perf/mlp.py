@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainpilot.perf.hardware import Device
-from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerSetup, _Ops
+from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerSetup, Ops
 from trainpilot.perf.topology import GroupSpan, Network
 from trainpilot.specs import ModelSpec
 
@@ -60,7 +60,7 @@ def remote_copies(model: ModelSpec, span: GroupSpan, dispatcher: str) -> float:
 
 
 def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net: Network,
-             spans: dict[str, GroupSpan], m: float, fwd: _Ops, bwd: _Ops) -> MlpComm:
+             spans: dict[str, GroupSpan], m: float, fwd: Ops, bwd: Ops) -> MlpComm:
     """Add the block's kernels to ``fwd``/``bwd`` and return its communication."""
     h, rt = model.hidden_size, st.rt
     gate = 2 if model.activation == "swiglu" else 1

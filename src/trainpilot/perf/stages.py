@@ -69,7 +69,7 @@ def layout_of(model: ModelSpec, plan: Plan, options=None) -> Layout:
 
 
 @dataclass(frozen=True, slots=True)
-class _Sig:
+class Sig:
     """What makes pipeline ranks cost the same: their layers, how they split into virtual
     stages, and whether they hold the embedding (first) or the output layer (last)."""
 
@@ -81,11 +81,11 @@ class _Sig:
 
 
 @dataclass(frozen=True, slots=True)
-class _Sigs:
+class Sigs:
     """The distinct signatures of a split, where each first occurs, how many ranks share it,
     and how many ranks of each signature come before that first occurrence."""
 
-    sigs: tuple[_Sig, ...]
+    sigs: tuple[Sig, ...]
     of_stage: tuple[int, ...]
     first_index: tuple[int, ...]
     count: tuple[int, ...]
@@ -147,10 +147,12 @@ class Costing:
     spans: dict[str, GroupSpan]
 
 
-_MODE_INDEX = {"none": 0, "selective": 1, "full": 2}
+# A recompute mode's slot in the (none, selective, full) tuples of per-layer numbers.
+MODE_INDEX = {"none": 0, "selective": 1, "full": 2}
 
 
-def _add_layers(st: StageNumbers, layer: LayerCost, count: int, mode: str) -> None:
+def add_layers(st: StageNumbers, layer: LayerCost, count: int, mode: str) -> None:
+    """Add ``count`` decoder layers' times (under recompute ``mode``) to the stage's."""
     rc, rt, re = layer.recompute_s(mode)
     st.fwd_s += count * layer.fwd_s
     st.bwd_s += count * layer.bwd_s(mode)
@@ -180,7 +182,8 @@ def pipeline_bubble(schedule: str, periods: list[float], wgrads: list[float], vp
     return (sum(periods) - max(periods)) / vp
 
 
-def _add_edges(st: StageNumbers, edges: tuple[float, float, float, float]) -> None:
+def add_edges(st: StageNumbers, edges: tuple[float, float, float, float]) -> None:
+    """Add the embedding / output-layer ``(fwd, bwd, fwd TP, bwd TP)`` seconds to the stage's."""
     f, b, tf, tb = edges
     st.fwd_s += f + tf
     st.bwd_s += b + tb

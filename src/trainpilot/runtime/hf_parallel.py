@@ -159,14 +159,14 @@ class LocalExperts(nn.Module):
 
     def forward(self, hidden: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        from trainpilot.runtime.models.moe import _expert_parallel
+        from trainpilot.runtime.models.moe import expert_parallel
 
         k = top_k_index.shape[1]
         flat = top_k_index.flatten()
         order = torch.argsort(flat, stable=True)
         token_index = order // k
         counts = torch.bincount(flat, minlength=self.num_global_experts)
-        routed = _expert_parallel(_Dispatch(self), hidden[token_index], counts, self.group)
+        routed = expert_parallel(_Dispatch(self), hidden[token_index], counts, self.group)
         routed = routed * top_k_weights.flatten()[order, None].to(routed.dtype)
         return torch.zeros_like(hidden).index_add(0, token_index, routed.to(hidden.dtype))
 

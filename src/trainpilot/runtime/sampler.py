@@ -7,6 +7,9 @@ continues exactly where it stopped: every sample is seen once per epoch, no dupl
 
 The per-epoch shuffle is a keyed Feistel permutation with cycle walking: O(1) memory whatever the
 dataset size (no index array of billions of entries), and any position is computable directly.
+The order is evaluated a window of ``WINDOW`` positions at a time (numpy's per-call cost, not
+the arithmetic, dominates at a step's few dozen indices: 1.4 ms for 16 indices, about the same
+for 4096), so a step's indices are a slice of the cached window.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from trainpilot.specs.errors import SpecError
 
 _U64 = np.uint64
 _MASK64 = (1 << 64) - 1
+WINDOW = 4096  # positions of the order evaluated at once (32 KiB of int64)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -71,19 +75,32 @@ class ResumableSampler:
         self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
         self.epoch = 0
         self.position = 0  # samples of this epoch already handed out
+        # (epoch, first position, indices of positions first .. first + len - 1)
+        self._window: tuple[int, int, np.ndarray] = (-1, 0, np.zeros(0, dtype=np.int64))
 
     def _order(self, epoch: int, positions: np.ndarray) -> np.ndarray:
         if not self.shuffle:
             return positions.astype(np.int64)
         return FeistelPermutation(self.num_samples, key=self.seed * 1_000_003 + epoch)(positions)
 
+    def _take(self, epoch: int, start: int, count: int) -> np.ndarray:
+        """Indices of positions ``start .. start + count - 1`` of ``epoch``'s order, from the
+        cached window (evaluated afresh, ``max(count, WINDOW)`` positions, when it misses)."""
+        w_epoch, w_start, w_values = self._window
+        if not (w_epoch == epoch and w_start <= start
+                and start + count <= w_start + len(w_values)):
+            stop = min(self.num_samples, start + max(count, WINDOW))
+            w_epoch, w_start = epoch, start
+            w_values = self._order(epoch, np.arange(start, stop))
+            self._window = (w_epoch, w_start, w_values)
+        return w_values[start - w_start:start - w_start + count].copy()
+
     def next_indices(self, count: int) -> np.ndarray:
         """The next ``count`` global sample indices (crossing into the next epoch if needed)."""
         out = []
         while count > 0:
             take = min(count, self.num_samples - self.position)
-            positions = np.arange(self.position, self.position + take)
-            out.append(self._order(self.epoch, positions))
+            out.append(self._take(self.epoch, self.position, take))
             self.position += take
             count -= take
             if self.position == self.num_samples:

@@ -179,7 +179,7 @@ class Trainer:
         self.step = 0
         self.stop_reason: str | None = None
         self.num_saves = 0
-        self._last_save = None  # the newest SaveHandle (elastic.steps)
+        self.last_save = None  # the newest SaveHandle (set by elastic.steps)
         self._fence_s = 0.0  # this step's wait for a checkpoint copy
         self._step_times: list[float] = []
 
@@ -462,7 +462,7 @@ class Trainer:
                                     if faults is not None else None, on_retry=on_retry)
         # Every dp x cp x tp rank of the last stage; cp ranks hold equal token counts.
         out.replicas = self.plan.dp * self.plan.cp * self.plan.tp
-        out.world, out.phase = dist.get_world_size(), self._phase
+        out.world, out.phase = dist.get_world_size(), self.set_phase
         return out
 
     def _position(self) -> tuple[dict[str, Any], Any]:
@@ -491,10 +491,10 @@ class Trainer:
                 t0 = time.perf_counter()
                 inputs, targets = self.next_batch()
                 data_wait = time.perf_counter() - t0
-                self._phase("collective")  # DDP/FSDP/pipeline wait on peers inside it
+                self.set_phase("collective")  # DDP/FSDP/pipeline wait on peers inside it
                 loss = self.forward_backward(inputs, targets)
                 fb_s = time.perf_counter() - t0 - data_wait
-                self._phase("compute")
+                self.set_phase("compute")
                 if self.faults is not None:
                     self.faults.poison_gradients(self._pm().parameters(), step, rank=rank)
                 grad_norm = self.grad_norm()
@@ -521,7 +521,7 @@ class Trainer:
         step, rank = self.step + 1, self.layout.rank
         start = time.perf_counter()
         self._fence_s = 0.0
-        self._phase("compute")
+        self.set_phase("compute")
         if self.faults is not None:
             self.faults.on_step(step, rank=rank, step_time_s=self._usual_step_time_s())
         # A slowed rank (an injected slow fault, a throttled device) is slow in its compute:
@@ -600,13 +600,15 @@ class Trainer:
             return None
         from trainpilot.runtime.ranktimes import gather_rank_timings
 
-        self._phase("collective")
+        self.set_phase("collective")
         out = gather_rank_timings(step, step_s=step_s, compute_s=max(0.0, fb_s - (comm_s or 0)),
                                   comm_s=comm_s or 0.0, data_s=data_s)
-        self._phase("compute")
+        self.set_phase("compute")
         return out
 
-    def _phase(self, name: str) -> None:
+    def set_phase(self, name: str) -> None:
+        """Tell the heartbeat whether this rank may now wait on its peers (``"collective"``)
+        or computes alone (``"compute"``); a hang is judged only in the latter."""
         if self.elastic is not None:
             self.elastic.phase(name)
 
@@ -664,7 +666,7 @@ class Trainer:
             self.emit("drain", dict(step=self.step))
             save_now(self)
         if self.checkpointer is not None:
-            self._phase("collective")
+            self.set_phase("collective")
             report_failed_save(self, wait=True)
         summary = summarize([records[s] for s in sorted(records)], self.predicted_step_time_s)
         if self.stop_reason:

@@ -89,6 +89,10 @@ class PrometheusExporter(_Gauges):
         self.port = self._server.server_port
         self.url = f"http://{addr}:{self.port}/metrics"
 
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until the server thread ends (it serves until ``close``), or ``timeout`` s."""
+        self._thread.join(timeout)
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()

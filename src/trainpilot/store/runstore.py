@@ -579,6 +579,31 @@ class RunStore:
         return (self._rows("SELECT MIN(step) FROM steps")[0][0],
                 self._rows("SELECT MAX(step) FROM steps")[0][0])
 
+    def step_at_time(self, when: float) -> int | None:
+        """The last step logged at or before unix time ``when`` (the first step if ``when`` is
+        earlier; None before any step). Steps' times increase with steps: a binary search over
+        the step key, O(log steps) lookups."""
+        first, last = self.step_range()
+        if first is None or last is None:  # no steps yet (the two are None together)
+            return None
+
+        def time_at(step: int) -> float:
+            return self._rows("SELECT time FROM steps WHERE step >= ? ORDER BY step LIMIT 1",
+                              (step,))[0][0]
+
+        if when < time_at(first):
+            return first
+        lo, hi = first, last
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if time_at(mid) <= when:
+                lo = mid
+            else:
+                hi = mid - 1
+        found = self._rows("SELECT step FROM steps WHERE step <= ? ORDER BY step DESC LIMIT 1",
+                           (lo,))
+        return found[0][0] if found else first
+
     def ranks(self) -> list[int]:
         """The ranks with timings. O(ranks) on a schema-2 store."""
         if self.has_rollups:

@@ -139,30 +139,6 @@ def rank_series(store: RunStore, lo: int, hi: int, *, max_points: int = DEFAULT_
     return out
 
 
-def _step_at_time(store: RunStore, when: float) -> int | None:
-    """The last step logged at or before ``when`` (steps' times increase with steps; binary
-    search over the step key, O(log steps) lookups)."""
-    first, last = store.step_range()
-    if first is None or last is None:  # no steps yet (the two are None together)
-        return None
-    rows = store._rows  # noqa: SLF001 - one small query per probe
-
-    def time_at(step: int) -> float:
-        return rows("SELECT time FROM steps WHERE step >= ? ORDER BY step LIMIT 1", (step,))[0][0]
-
-    if when < time_at(first):
-        return first
-    lo, hi = first, last
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if time_at(mid) <= when:
-            lo = mid
-        else:
-            hi = mid - 1
-    found = rows("SELECT step FROM steps WHERE step <= ? ORDER BY step DESC LIMIT 1", (lo,))
-    return found[0][0] if found else first
-
-
 MAX_PLACED_BY_TIME = 200  # events without a step placed on the step axis by their time
 
 
@@ -175,7 +151,7 @@ def event_dicts(store: RunStore, *, since_id: int = 0,
     for e in store.events(since_id=since_id, kinds=list(kinds)):
         x_step, by_time = e.step, False
         if x_step is None and placed < MAX_PLACED_BY_TIME:
-            x_step, by_time = _step_at_time(store, e.time), True
+            x_step, by_time = store.step_at_time(e.time), True
             placed += 1
         out.append(dict(id=e.id, time=e.time, step=e.step, x_step=x_step,
                         placed_by_time=by_time and x_step is not None, kind=e.kind,

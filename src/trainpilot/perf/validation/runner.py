@@ -93,7 +93,7 @@ def predict_case(case: Case, est: Estimator) -> float:
         return params.total * sum(bytes_per_param(lay.zero, lay.dp * lay.cp)) / GIB
     if case.metric == "activations_gib":
         layer = est.layer(lay, False, est.spans(lay))
-        flight = est._in_flight(lay, 0)
+        flight = est.in_flight(lay, 0)
         return flight * len(ids) * layer.act_bytes(lay.recompute) / GIB
     raise ValueError(f"unknown metric {case.metric!r}")
 

@@ -68,6 +68,7 @@ class SaveHandle:
     report: SaveReport
     error_seen: bool = False  # the caller got the error from result(): do not raise it again
     fenced: bool = False  # fence() has waited for this save's copy (its wait is counted once)
+    reported: bool = False  # its outcome was reported (a failure emitted once, by the Trainer)
 
     def done(self) -> bool:
         return self.future.done()

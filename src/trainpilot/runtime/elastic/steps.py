@@ -98,14 +98,14 @@ def save_if_due(trainer: Trainer) -> Any:
     # cadence (the 1st, (1+K)th, ... interval), whatever it restored.
     to_storage = (trainer.step // every - 1) % trainer.config.storage_every == 0
     report_failed_save(trainer)
-    previous = _written(getattr(trainer, "_last_save", None))
-    trainer._phase("collective")  # the save waits for the previous one's collectives
+    previous = _written(trainer.last_save)
+    trainer.set_phase("collective")  # the save waits for the previous one's collectives
     handle = ckpt.save(trainer.step, trainer.state_dict(rng=False),
                        rank_state=trainer.rank_state(), to_storage=to_storage,
                        overlap=trainer.overlap_checkpoint_copy)
-    trainer._phase("compute")
+    trainer.set_phase("compute")
     trainer.num_saves += 1
-    trainer._last_save = handle
+    trainer.last_save = handle
     # Overlapped: the copy's remaining wait, if any, is the next step's checkpoint_wait_s.
     trainer.emit("checkpoint", dict(step=trainer.step, stall_s=handle.stall_s,
                                     wait_s=handle.wait_s, to_storage=to_storage,
@@ -123,23 +123,23 @@ def save_now(trainer: Trainer) -> Any:
         return None
     # The save in flight first: its writer thread runs collectives on the checkpointer's group,
     # and this thread's must not interleave with them.
-    trainer._phase("collective")
+    trainer.set_phase("collective")
     report_failed_save(trainer, wait=True)
     # Which signal it was: the rank that received it may not be this one.
     mine = trainer.preempt.signal_name if trainer.preempt is not None else ""
     trainer.preempt_signal = next((s for s in ckpt.group.all_gather(mine) if s), "")
-    last = getattr(trainer, "_last_save", None)
+    last = trainer.last_save
     if (last is not None and last.step == trainer.step and last.report.to_storage
             and last.done() and last.future.exception() is None):
-        trainer._phase("compute")
+        trainer.set_phase("compute")
         trainer.preempt_checkpoint = last.report.path
         return last
     handle = ckpt.save(trainer.step, trainer.state_dict(rng=False),
                        rank_state=trainer.rank_state(), to_storage=True, overlap=False)
     trainer.num_saves += 1
-    trainer._last_save = handle
+    trainer.last_save = handle
     report = ckpt.wait()
-    trainer._phase("compute")
+    trainer.set_phase("compute")
     trainer.preempt_checkpoint = report.path if report is not None else None
     trainer.emit("checkpoint", dict(step=trainer.step, stall_s=handle.stall_s,
                                     wait_s=handle.wait_s, to_storage=True, last_moment=True,
@@ -162,15 +162,15 @@ def report_failed_save(trainer: Trainer, *, wait: bool = False) -> None:
     """Emit ``checkpoint_failed`` once for the last save if it failed (training goes on: the
     next save may succeed, and restores use the newest intact checkpoint). ``wait``: let it
     finish first (the end of training)."""
-    handle = getattr(trainer, "_last_save", None)
-    if handle is None or getattr(handle, "_reported", False):
+    handle = trainer.last_save
+    if handle is None or handle.reported:
         return
     if wait:
         trainer.checkpointer.wait() if trainer.checkpointer.config.on_write_error == "raise" \
             else handle.future.exception()
     if not handle.done():
         return
-    handle._reported = True
+    handle.reported = True
     err = handle.future.exception()
     if err is not None:
         from trainpilot.runtime.degrade import disk_of

@@ -135,7 +135,7 @@ class MoE(nn.Module):
         """``routed`` is grouped by global expert id with ``counts`` per expert."""
         if self.ep_group is None:
             return self.experts(routed, counts.tolist())
-        return _expert_parallel(self.experts, routed, counts, self.ep_group)
+        return expert_parallel(self.experts, routed, counts, self.ep_group)
 
 
 class LocalExpertCompute(Protocol):
@@ -149,8 +149,8 @@ class LocalExpertCompute(Protocol):
     def __call__(self, x: torch.Tensor, counts: list[int], /) -> torch.Tensor: ...
 
 
-def _expert_parallel(experts: LocalExpertCompute, routed: torch.Tensor, counts: torch.Tensor,
-                     group: dist.ProcessGroup) -> torch.Tensor:
+def expert_parallel(experts: LocalExpertCompute, routed: torch.Tensor, counts: torch.Tensor,
+                    group: dist.ProcessGroup) -> torch.Tensor:
     """Dispatch tokens to the ranks owning their experts, compute, and send results back."""
     from torch.distributed.nn.functional import all_to_all_single
 
