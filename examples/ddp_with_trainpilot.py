@@ -1,7 +1,8 @@
-"""examples/plain_ddp.py with trainpilot's parts added (lines marked ``# +``): checkpoints
-(async, sharded, verified, with an in-memory peer copy), the elastic session (process group
-through generations, heartbeats that catch a hung rank), the fault injector, the health
-monitor, and a resumable exactly-once sampler. Crash it and torchrun restarts it where it was:
+"""examples/plain_ddp.py with trainpilot's parts added (lines marked ``# +``): the checkpoint
+manager (async, sharded, verified, with an in-memory peer copy), the elastic session (process
+group through generations, heartbeats that catch a hung rank), the step guard (clipping and
+one non-finite decision for all ranks), the fault injector, the health monitor, and a
+resumable exactly-once sampler. Crash it and torchrun restarts it where it was:
 
     TRAINPILOT_INJECT="crash:rank=1,step=12" torchrun --standalone --nproc-per-node 2 \
         --max-restarts 1 examples/ddp_with_trainpilot.py --steps 30 --run-dir /tmp/run
@@ -17,12 +18,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from trainpilot.health.monitor import HealthMonitor  # +
-from trainpilot.runtime.checkpoint import CheckpointConfig, Checkpointer  # +
+from trainpilot.runtime.checkpoint.manager import CheckpointManager  # +
 from trainpilot.runtime.datasets import TextDataset
 from trainpilot.runtime.elastic import ElasticConfig, ElasticSession  # +
 from trainpilot.runtime.faults import FaultInjector  # +
 from trainpilot.runtime.procexit import run_and_end  # +
 from trainpilot.runtime.sampler import ResumableSampler  # +
+from trainpilot.runtime.stepguard import StepGuard  # +
+from trainpilot.specs.plan import CheckpointPolicy  # +
 
 STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "[a-c]*.py")
 parser = argparse.ArgumentParser()
@@ -46,55 +49,36 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     faults = FaultInjector(os.environ.get("TRAINPILOT_INJECT", ""),  # +
                            journal_path=os.path.join(args.run_dir, "faults.jsonl"))
-    ckpt = Checkpointer(CheckpointConfig(root_dir=os.path.join(args.run_dir, "ckpt")),  # +
-                        faults=faults)
     monitor = HealthMonitor(model=model.module, optimizer=optimizer,  # +
                             total_steps=args.steps)
     sampler = ResumableSampler(data.num_samples, seed=0)  # + replaces the randperm order
-    batch, start = 16, 0  # sequences per step, all ranks
-
-    def state() -> dict:  # + everything a resume needs (RNG states: the checkpointer's)
-        return dict(model=model.module.state_dict(), optimizer=optimizer.state_dict(),
-                    sampler=sampler.state_dict(), step=start)
-
-    restored = ckpt.restore_latest(state())  # + None on a fresh start
-    if restored is not None:  # +
-        model.module.load_state_dict(restored.state["model"])
-        optimizer.load_state_dict(restored.state["optimizer"])
-        sampler.load_state_dict(restored.state["sampler"])
-        start = restored.state["step"]
-    for step in range(start + 1, args.steps + 1):
+    manager = CheckpointManager(  # + async, sharded, verified, with a peer copy in memory
+        dict(model=model.module, optimizer=optimizer, sampler=sampler, monitor=monitor),
+        root_dir=os.path.join(args.run_dir, "ckpt"), faults=faults,
+        policy=CheckpointPolicy(interval_steps=args.save_every))
+    guard = StepGuard(model.parameters(), max_norm=1.0, faults=faults,  # +
+                      poison=[model.module.lm_head])
+    batch = 16  # sequences per step, all ranks
+    for step in range(manager.load() + 1, args.steps + 1):  # + load: 0 on a fresh start
         faults.on_step(step, rank=rank)  # + crash / hang / slow when scheduled
         session.heartbeat.update(step=step)  # +
         mine = ResumableSampler.shard(sampler.next_indices(batch), rank, world)
         inputs, targets = data.get_batch(mine)
-        for _attempt in range(2):  # + a non-finite gradient: compute the step once more
-            hooks = faults.poison_backward([model.module.lm_head], step, rank=rank)  # +
+        for attempt in guard.attempts(step):  # + a non-finite gradient: the step once more
             logits = model(input_ids=inputs).logits
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             loss.backward()
-            for hook in hooks:  # +
-                hook.remove()
-            faults.poison_gradients(model.parameters(), step, rank=rank)  # +
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            # The loss all-reduce also carries the non-finite vote: every rank decides alike.
-            stats = torch.stack([loss.detach(), (~torch.isfinite(norm)).float()])  # +
-            dist.all_reduce(stats)
-            if not stats[1]:  # +
-                break
-            optimizer.zero_grad()  # +
-        loss = stats[0] / world
-        monitor.observe_loss(step, loss)  # + may skip a spike's update (its optimizer hook)
-        optimizer.step()
+            attempt.check(loss)  # + clip; the non-finite vote rides in the loss all-reduce
+        monitor.observe_loss(step, guard.loss)  # + may skip a spike's update (its hook)
+        if guard.finite:  # +
+            optimizer.step()
         optimizer.zero_grad()
-        monitor.end_step(step=step, loss=loss.item(), tokens=batch * 64)  # + rules, alerts
+        loss = guard.loss.item()  # the mean over ranks
+        monitor.end_step(step=step, loss=loss, tokens=batch * 64)  # + rules, alerts
         if rank == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
-        if step % args.save_every == 0 or step == args.steps:  # +
-            start = step
-            ckpt.save(step, state())
-    ckpt.wait()  # +
-    ckpt.close()  # +
+            print(f"step {step} loss {loss:.4f}", flush=True)
+        manager.maybe_save(step, last=step == args.steps)  # +
+    manager.close()  # + waits for the save in flight
     if rank == 0:  # + the final weights, for comparing runs bit for bit
         torch.save(model.module.state_dict(), os.path.join(args.run_dir, "final.pt"))
     session.close()  # +
