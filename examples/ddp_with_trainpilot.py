@@ -57,7 +57,7 @@ def main() -> None:
         root_dir=os.path.join(args.run_dir, "ckpt"), faults=faults,
         policy=CheckpointPolicy(interval_steps=args.save_every))
     guard = StepGuard(model.parameters(), max_norm=1.0, faults=faults,  # +
-                      poison=[model.module.lm_head])
+                      poison=[model.module.lm_head], on_grad_norms=monitor.observe_grad_norms)
     batch = 16  # sequences per step, all ranks
     for step in range(manager.load() + 1, args.steps + 1):  # + load: 0 on a fresh start
         faults.on_step(step, rank=rank)  # + crash / hang / slow when scheduled

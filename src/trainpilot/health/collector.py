@@ -128,14 +128,20 @@ class MetricsCollector:
         pairs = [(i, p.grad) for i, p in enumerate(self.params) if p.grad is not None]
         return [i for i, _ in pairs], [g for _, g in pairs]
 
-    def grad_stats(self, *, detailed: bool = False) -> GradStats:
-        """Norms (and on detail steps the zero share) of the gradients present now."""
+    def grad_stats(self, *, detailed: bool = False,
+                   given: tuple[list[torch.Tensor], torch.Tensor] | None = None) -> GradStats:
+        """Norms (and on detail steps the zero share) of the gradients present now.
+        ``given``: (parameters, their gradients' L2 norms) measured already this step (by the
+        step guard, before it clipped): used instead of measuring again, when they cover
+        exactly the parameters that have a gradient now."""
         index, grads = self._grads()
         if not grads:
             return GradStats(grad_norm=0.0, layer_norms={})
-        # One fused norm kernel and one copy to the host; the per-layer sums are a few dozen
-        # floats, cheaper in Python than as more small kernels.
-        norms = [math.sqrt(sq) for sq in squared_norms(grads)]
+        norms = self._given_norms(index, given) if given is not None else None
+        if norms is None:
+            # One fused norm kernel and one copy to the host; the per-layer sums are a few
+            # dozen floats, cheaper in Python than as more small kernels.
+            norms = [math.sqrt(sq) for sq in squared_norms(grads)]
         squares = [0.0] * len(self.layer_names)
         present = [False] * len(self.layer_names)
         for i, norm in zip(index, norms):
@@ -160,6 +166,16 @@ class MetricsCollector:
                                                                    for t in ts]))
             stats.zero_grad_frac = round(zeros) / num if num else 0.0
         return stats
+
+    def _given_norms(self, index: list[int],
+                     given: tuple[list[torch.Tensor], torch.Tensor]) -> list[float] | None:
+        params, values = given
+        where = {id(p): i for i, p in enumerate(self.params)}
+        order = [where.get(id(p), -1) for p in params]
+        if sorted(order) != index:  # not the same set of gradients: measure them here
+            return None
+        by_index = dict(zip(order, values.double().tolist()))
+        return [by_index[i] for i in index]
 
     def snapshot(self) -> None:
         """Copy the parameters before the optimizer step (detail steps only)."""

@@ -61,6 +61,7 @@ class StepState:
     skip_reason: str | None = None
     skipped: bool = False
     update_ratio: tuple[float, dict[str, float]] | None = None
+    given_norms: tuple[list[torch.Tensor], torch.Tensor] | None = None  # observe_grad_norms
     done: bool = False
 
 
@@ -274,12 +275,19 @@ class HealthMonitor(LossActions):
             state.skip_reason = ("non_finite" if not math.isfinite(value) else "divergence_risk")
         return state.skip_reason is not None
 
+    def observe_grad_norms(self, params: list[torch.Tensor], norms: torch.Tensor) -> None:
+        """This step's gradient norms per parameter, measured by whoever clips them before
+        ``optimizer.step()`` (the step guard's ``on_grad_norms``): the monitor judges the
+        unclipped norms, as in the Trainer, and does not measure them again."""
+        self._state_for().given_norms = (params, norms)
+
     def _pre_step(self, optimizer, args, kwargs) -> None:
         collector = self.collector
         assert collector is not None  # attach() sets it before it registers this hook
         state = self._state_for()
         detailed = state.step % self.config.detail_every == 0
-        state.grads = stats = collector.grad_stats(detailed=detailed)
+        given, state.given_norms = state.given_norms, None
+        state.grads = stats = collector.grad_stats(detailed=detailed, given=given)
         skip_cfg = self.config.interventions.skip_batch_on_spike
         if not stats.finite and skip_cfg.enabled and skip_cfg.on_non_finite:
             state.skip_reason = state.skip_reason or "non_finite"

@@ -8,7 +8,7 @@ It also places the fault injector's NaN hooks, so that a loop that uses it is te
 ``nan:...at=backward`` and ``at=grad`` faults without lines of its own.
 
     guard = StepGuard(model.parameters(), max_norm=1.0, faults=faults,
-                      poison=[model.module.lm_head])
+                      poison=[model.module.lm_head], on_grad_norms=monitor.observe_grad_norms)
     for attempt in guard.attempts(step):
         loss = loss_fn(model(inputs), targets)
         loss.backward()
@@ -25,7 +25,7 @@ the Trainer keeps its own logic and does not use this guard yet.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -48,7 +48,7 @@ class Attempt:
             hook.remove()
         if guard.faults is not None:
             guard.faults.poison_gradients(guard.params, guard.step, rank=guard.rank)
-        norm = torch.nn.utils.clip_grad_norm_(guard.params, guard.max_norm)
+        norm = guard.clip()
         stats = torch.stack([loss.detach(), (~torch.isfinite(norm)).to(loss.dtype)])
         if guard.world > 1:
             dist.all_reduce(stats, group=guard.group)
@@ -60,16 +60,21 @@ class Attempt:
 
 class StepGuard:
     """See the module docstring. ``poison``: the modules a ``nan ... at=backward`` fault hooks
-    (the first is used); ``group``: the data-parallel process group (None: the world)."""
+    (the first is used); ``group``: the data-parallel process group (None: the world);
+    ``on_grad_norms(params, norms)``: called with each attempt's per-parameter gradient norms
+    before clipping (``HealthMonitor.observe_grad_norms``: the monitor then judges unclipped
+    gradients and does not measure them twice)."""
 
     def __init__(self, params: Iterable[torch.nn.Parameter], *, max_norm: float = 1.0,
                  retries: int = 1, faults: Any = None, poison: Iterable[Any] = (),
-                 group: Any = None):
+                 group: Any = None,
+                 on_grad_norms: Callable[[list[torch.Tensor], torch.Tensor], None] | None = None):
         if retries < 0:
             raise SpecError("retries", retries, "valid: an integer >= 0")
         self.params = [p for p in params if p.requires_grad]
         self.max_norm, self.retries = max_norm, retries
         self.faults, self.poison, self.group = faults, list(poison), group
+        self.on_grad_norms = on_grad_norms
         initialized = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if initialized else 0
         self.world = dist.get_world_size(group) if initialized else 1
@@ -79,6 +84,26 @@ class StepGuard:
         self.finite = False
         self.num_retries = 0  # attempts after the first, over the run
         self.num_skipped = 0  # steps whose gradients stayed non-finite
+
+    def clip(self) -> torch.Tensor:
+        """Clip to ``max_norm``; returns the norm before. Plain tensors (DDP): the per-tensor
+        norms are measured once and handed to ``on_grad_norms`` (the health monitor) before
+        clipping, the same arithmetic as ``clip_grad_norm_``; DTensors (FSDP2, TP): through
+        ``clip_grad_norm_`` itself, and nothing is handed on."""
+        from torch.distributed.tensor import DTensor
+
+        params: list[torch.Tensor] = [p for p in self.params if p.grad is not None]
+        if not params:
+            return torch.tensor(0.0)
+        grads = [p.grad for p in params if p.grad is not None]
+        if any(isinstance(g, DTensor) for g in grads):
+            return torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+        norms = torch.stack(torch._foreach_norm(grads, 2.0))
+        total = torch.linalg.vector_norm(norms, 2.0)
+        if self.on_grad_norms is not None:
+            self.on_grad_norms(params, norms)
+        torch.nn.utils.clip_grads_with_norm_(params, self.max_norm, total)
+        return total
 
     def attempts(self, step: int) -> Iterator[Attempt]:
         """Yields one :class:`Attempt` per try at ``step``: again after a non-finite vote (the
