@@ -25,19 +25,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
 
+from user_loop_parts import copy_texts  # the same twelve standard-library files
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "user_loop_interleaved.txt"
-FILES = ("argparse", "base64", "bisect", "calendar", "configparser", "datetime", "difflib",
-         "inspect", "pathlib", "pickle", "pydoc", "typing")
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -151,11 +149,9 @@ def main() -> None:
     if args.worker:
         return worker(args)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in FILES:
-            shutil.copy(Path(sysconfig.get_paths()["stdlib"]) / f"{name}.py", tmp)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", __file__, "--worker", "--data",
-               os.path.join(tmp, "*.py"), "--run-dir", os.path.join(tmp, "run"),
+               "--nproc-per-node", "2", __file__, "--worker", "--data", copy_texts(tmp),
+               "--run-dir", os.path.join(tmp, "run"),
                "--blocks", str(args.blocks), "--block", str(args.block),
                "--warmup", str(args.warmup)]
         env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",

@@ -37,6 +37,13 @@ FILES = ("argparse", "base64", "bisect", "calendar", "configparser", "datetime",
          "inspect", "pathlib", "pickle", "pydoc", "typing")  # enough for 150 steps of 16
 
 
+def copy_texts(folder: str) -> str:
+    """Copy the standard-library files of FILES into ``folder``; returns their glob."""
+    for name in FILES:
+        shutil.copy(Path(sysconfig.get_paths()["stdlib"]) / f"{name}.py", folder)
+    return os.path.join(folder, "*.py")
+
+
 def ranks_cpu_s(launcher_pid: int) -> float:
     """CPU seconds (user + system, all threads) used so far by the launcher's child processes:
     the ranks."""
@@ -96,9 +103,7 @@ def main() -> None:
     global PIN
     PIN = args.pin
     with tempfile.TemporaryDirectory() as tmp:
-        for name in FILES:
-            shutil.copy(Path(sysconfig.get_paths()["stdlib"]) / f"{name}.py", tmp)
-        data = os.path.join(tmp, "*.py")
+        data = copy_texts(tmp)
         plain, parts, ratios, cpu_ratios = [], [], [], []
         for r in range(args.rounds):
             order = ["plain", "parts"] if r % 2 == 0 else ["parts", "plain"]
