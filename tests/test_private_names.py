@@ -108,7 +108,7 @@ def import_cycles(package: str) -> list[list[str]]:
     connected components of the import graph, imports under ``TYPE_CHECKING`` left out)."""
     import grimp
 
-    graph = grimp.build_graph(package, exclude_type_checking_imports=True)
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True, cache_dir=None)
     order: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
