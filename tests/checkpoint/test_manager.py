@@ -133,3 +133,44 @@ def test_guard_insists_on_check():
     with pytest.raises(RuntimeError, match="attempt.check"):
         for _ in run.guard.attempts(1):
             pass
+
+
+@pytest.mark.timeout(60)
+def test_guard_clips_dtensor_and_plain_gradients_together(tmp_path):
+    """DTensor gradients (FSDP2, TP) go through runtime.optim.clip_grad_norm_: a model holding
+    both kinds is clipped as one, equal to that function on a twin."""
+    import copy
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    from trainpilot.runtime.optim import clip_grad_norm_
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))
+        model[0].weight = nn.Parameter(distribute_tensor(model[0].weight.detach(), mesh,
+                                                         [Replicate()]))
+        twin = copy.deepcopy(model)
+        x = torch.randn(3, 4)
+        for m in (model, twin):
+            w = m[0].weight.to_local()
+            (m[1](x @ w.T + m[0].bias) ** 2).sum().backward()
+        from torch.distributed.tensor import DTensor
+
+        assert isinstance(model[0].weight.grad, DTensor)  # the branch under test is taken
+        norm = StepGuard(model.parameters(), max_norm=0.1).clip()
+        expect = clip_grad_norm_(list(twin.parameters()), 0.1)
+        assert torch.equal(norm, expect) and float(norm) > 0.1
+        for a, b in zip(model.parameters(), twin.parameters()):
+            ga = a.grad.to_local() if hasattr(a.grad, "to_local") else a.grad
+            gb = b.grad.to_local() if hasattr(b.grad, "to_local") else b.grad
+            assert torch.equal(ga, gb)
+    finally:
+        dist.destroy_process_group()

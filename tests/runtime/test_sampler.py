@@ -69,7 +69,7 @@ def test_epochs_cross_and_reshuffle():
 def test_windowed_order_equals_the_direct_permutation():
     """Steps are served from a cached window of the order (sampler.WINDOW positions): the
     indices must be the permutation's own, across window edges, an epoch edge and a restore
-    into the middle of a window another sampler has cached."""
+    to a position whose epoch is not the one the window holds."""
     from trainpilot.runtime import sampler as sampler_mod
 
     n = 2 * sampler_mod.WINDOW + 123

@@ -121,6 +121,7 @@ class MetricsCollector:
         self.device = self.params[0].device if self.params else torch.device("cpu")
         owner = {i: k for k, members in enumerate(layers.values()) for i in members}
         self._owner = [owner[i] for i in range(len(self.params))]  # param index -> layer index
+        self._index = {id(p): i for i, p in enumerate(self.params)}  # id(param) -> its index
         self._before: list[torch.Tensor] | None = None
 
     def _grads(self) -> tuple[list[int], list[torch.Tensor]]:
@@ -170,8 +171,7 @@ class MetricsCollector:
     def _given_norms(self, index: list[int],
                      given: tuple[list[torch.Tensor], torch.Tensor]) -> list[float] | None:
         params, values = given
-        where = {id(p): i for i, p in enumerate(self.params)}
-        order = [where.get(id(p), -1) for p in params]
+        order = [self._index.get(id(p), -1) for p in params]
         if sorted(order) != index:  # not the same set of gradients: measure them here
             return None
         by_index = dict(zip(order, values.double().tolist()))

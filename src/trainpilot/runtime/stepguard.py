@@ -18,7 +18,7 @@ It also places the fault injector's NaN hooks, so that a loop that uses it is te
     optimizer.zero_grad()
     print(guard.loss.item())            # the mean over ranks
 
-Scope: data parallelism (DDP, FSDP2 and TP through ``clip_grad_norm_``'s DTensor support).
+Scope: data parallelism (DDP; FSDP2 and TP through ``runtime.optim.clip_grad_norm_``).
 Pipeline stages each see only their own parameters, so the norm is not yet global across pp;
 the Trainer keeps its own logic and does not use this guard yet.
 """
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainpilot.runtime.optim import clip_grad_norm_
 from trainpilot.specs.errors import SpecError
 
 
@@ -88,8 +89,9 @@ class StepGuard:
     def clip(self) -> torch.Tensor:
         """Clip to ``max_norm``; returns the norm before. Plain tensors (DDP): the per-tensor
         norms are measured once and handed to ``on_grad_norms`` (the health monitor) before
-        clipping, the same arithmetic as ``clip_grad_norm_``; DTensors (FSDP2, TP): through
-        ``clip_grad_norm_`` itself, and nothing is handed on."""
+        clipping, the same arithmetic as torch's ``clip_grad_norm_``; DTensors (FSDP2, TP):
+        through the Trainer's ``runtime.optim.clip_grad_norm_`` (each mesh reduced over itself,
+        DTensor and plain gradients clipped apart), and nothing is handed on."""
         from torch.distributed.tensor import DTensor
 
         params: list[torch.Tensor] = [p for p in self.params if p.grad is not None]
@@ -97,7 +99,7 @@ class StepGuard:
             return torch.tensor(0.0)
         grads = [p.grad for p in params if p.grad is not None]
         if any(isinstance(g, DTensor) for g in grads):
-            return torch.nn.utils.clip_grad_norm_(params, self.max_norm)
+            return clip_grad_norm_(self.params, self.max_norm)
         norms = torch.stack(torch._foreach_norm(grads, 2.0))
         total = torch.linalg.vector_norm(norms, 2.0)
         if self.on_grad_norms is not None:

@@ -31,6 +31,13 @@ from trainpilot.specs.plan import CheckpointPolicy
 STEP_KEY = "step"
 
 
+def to_storage(step: int, interval: int, storage_every: int) -> bool:
+    """Whether the save of ``step`` (on the ``interval``) goes to storage: every
+    ``storage_every``-th interval, the first included. Counted by step, not by saves made: a
+    restarted run keeps the uninterrupted run's storage cadence, whatever it restored."""
+    return (step // interval - 1) % storage_every == 0
+
+
 @runtime_checkable
 class Stateful(Protocol):
     """What the manager saves and restores (``torch.distributed.checkpoint.stateful``)."""
@@ -99,11 +106,9 @@ class CheckpointManager:
         Collective: every rank calls it every step with the same arguments."""
         if not (last or self.due(step)):
             return None
-        # Counted by step, not by saves made: a restarted run keeps the uninterrupted run's
-        # storage cadence (the 1st, (1+K)th, ... interval), as the Trainer does.
-        to_storage = last or (step // self.policy.interval_steps - 1) % self.storage_every == 0
+        storage = last or to_storage(step, self.policy.interval_steps, self.storage_every)
         self.step = step
-        self.last = self.checkpointer.save(step, self.state_dict(), to_storage=to_storage,
+        self.last = self.checkpointer.save(step, self.state_dict(), to_storage=storage,
                                            overlap=self.overlap)
         return self.last
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainpilot.runtime.checkpoint.layout import committed
+from trainpilot.runtime.checkpoint.manager import to_storage
 from trainpilot.runtime.preempt import Preempted
 from trainpilot.specs.errors import SpecError
 
@@ -94,21 +95,19 @@ def save_if_due(trainer: Trainer) -> Any:
     every = trainer.config.checkpoint_every or trainer.plan.checkpoint.interval_steps
     if trainer.step % every:
         return None
-    # Counted by step, not by saves made: a restarted run keeps the uninterrupted run's storage
-    # cadence (the 1st, (1+K)th, ... interval), whatever it restored.
-    to_storage = (trainer.step // every - 1) % trainer.config.storage_every == 0
+    storage = to_storage(trainer.step, every, trainer.config.storage_every)
     report_failed_save(trainer)
     previous = _written(trainer.last_save)
     trainer.set_phase("collective")  # the save waits for the previous one's collectives
     handle = ckpt.save(trainer.step, trainer.state_dict(rng=False),
-                       rank_state=trainer.rank_state(), to_storage=to_storage,
+                       rank_state=trainer.rank_state(), to_storage=storage,
                        overlap=trainer.overlap_checkpoint_copy)
     trainer.set_phase("compute")
     trainer.num_saves += 1
     trainer.last_save = handle
     # Overlapped: the copy's remaining wait, if any, is the next step's checkpoint_wait_s.
     trainer.emit("checkpoint", dict(step=trainer.step, stall_s=handle.stall_s,
-                                    wait_s=handle.wait_s, to_storage=to_storage,
+                                    wait_s=handle.wait_s, to_storage=storage,
                                     in_memory_peer=ckpt.config.in_memory_peer,
                                     previous=previous, overlapped=handle.report.overlapped))
     report_failed_save(trainer)  # a synchronous save has already finished
