@@ -3,6 +3,8 @@
     python benchmarks/comm_compression.py                 # 2 ranks, every method, ~10 min
     python benchmarks/comm_compression.py --world-size 4 --steps 200
     python benchmarks/comm_compression.py --methods none topk15 --steps 50   # quick look
+    sudo .venv/bin/python benchmarks/comm_compression.py --nodes 4 --world-size 8 \
+        --methods none topk15-hier topk15-hier-ag          # 4 hosts (network namespaces) x 2
 
 Each method trains the reference model (``tiny-gpt`` preset, trainpilot.runtime.models) from the
 same initial weights on the same synthetic Markov corpus (trainpilot.runtime.data, known entropy
@@ -15,6 +17,13 @@ per rank and step:
 * step time (median after warm-up) and communication time (``CommMetrics.comm_s``);
 * final loss: mean cross-entropy on 64 held-out sequences, and its excess over the corpus's
   entropy floor (what is left to learn; a more sensitive comparison than the loss itself).
+
+``--nodes N`` (root): the ranks run on N hosts of a cluster of network namespaces
+(tests/multinode/netns.py, links shaped to ``--rate-mbit``), one torchrun per host joined by
+torchrun's c10d rendezvous, gloo over each host's ``eth0``. Off-node bytes are then also
+measured on the links themselves: each host's ``eth0`` transmit counter (IP and TCP headers and
+ACKs included) over the timed steps, beside the counters' model. Without ``--nodes`` the ranks
+are labelled as 2 nodes on one host and off-node bytes are the model's only.
 
 Writes benchmarks/results/comm_compression_w{N}.json and prints a table.
 """
@@ -45,10 +54,16 @@ METHODS: dict[str, dict] = {
     "topk15-noef": dict(compression="topk", topk_density=0.15, error_feedback=False),
     "topk5-noef": dict(compression="topk", topk_density=0.05, error_feedback=False),
     "topk1-noef": dict(compression="topk", topk_density=0.01, error_feedback=False),
-    # Ranks split into 2 "nodes" (world >= 4): only the inter-node stage is compressed.
+    # Flat top-k with every rank's selection all-gathered (the exchange "auto" replaced at
+    # more than 2 ranks: it grows with the rank count).
+    "topk15-ag": dict(compression="topk", topk_density=0.15, topk_exchange="all_gather"),
+    # Ranks split into nodes (world >= 4): dense inside a node, top-k across nodes only.
     "topk15-hier": dict(compression="topk", topk_density=0.15, hierarchical=True),
+    "topk15-hier-ag": dict(compression="topk", topk_density=0.15, hierarchical=True,
+                           topk_exchange="all_gather"),
 }
-DEFAULT_METHODS = [m for m in METHODS if m != "topk15-hier"]
+MULTI_NODE = ("topk15-hier", "topk15-hier-ag")
+DEFAULT_METHODS = [m for m in METHODS if m not in MULTI_NODE and m != "topk15-ag"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,6 +75,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--methods", nargs="+", default=None, choices=list(METHODS),
                         help="default: all; topk15-hier only from 4 ranks")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="run on this many hosts of a network-namespace cluster (root); "
+                             "world size must divide by it")
+    parser.add_argument("--rate-mbit", type=float, default=1000.0,
+                        help="with --nodes: each host's link, Mbit/s each way")
     parser.add_argument("--out", type=Path, default=None, help="results JSON path")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -85,12 +105,16 @@ def train_one(method: str, args: argparse.Namespace, corpus, spec) -> dict:
     model = build_gpt(spec, max_seq_len=args.seq_len, device="cpu")
     init_parameters(model, spec, seed=0)
     ddp = DDP(model, **ddp_kwargs(comm, model))
-    hook = make_comm_hook(comm, two_nodes(world)).register(ddp)
+    hook = make_comm_hook(comm, node_layout(world, args.nodes)).register(ddp)
     opt = build_optimizer(ddp.module.named_parameters(), lr=args.lr, weight_decay=0.1)
     sched = build_lr_scheduler(opt, warmup_steps=args.steps // 10, total_steps=args.steps)
     batch, global_batch = args.batch_per_rank, args.batch_per_rank * world
     step_s, wire, losses, metrics = [], [], [], []
+    skip = min(5, args.steps // 2)  # warm-up; PowerSGD compresses from its 2nd step
+    link_start = None
     for step in range(args.steps):
+        if step == skip:
+            link_start = link_tx_bytes()
         first = step * global_batch + rank * batch
         x, y = corpus.get_batch(np.arange(first, first + batch))
         start = time.perf_counter()
@@ -106,7 +130,7 @@ def train_one(method: str, args: argparse.Namespace, corpus, spec) -> dict:
         step_s.append(time.perf_counter() - start)
         metrics.append(hook.end_step())
         losses.append(loss.item())
-    skip = min(5, args.steps // 2)  # warm-up; PowerSGD compresses from its 2nd step
+    link_end = link_tx_bytes()
     eval_x, eval_y = corpus.get_batch(np.arange(10**6, 10**6 + 64))  # never trained on
     with torch.no_grad():
         eval_loss = torch.nn.functional.cross_entropy(model(eval_x).flatten(0, 1),
@@ -118,6 +142,10 @@ def train_one(method: str, args: argparse.Namespace, corpus, spec) -> dict:
         wire_bytes_measured=statistics.mean(wire[skip:]),
         wire_bytes_model=statistics.mean(m.wire_bytes for m in tail),
         off_node_bytes_model=statistics.mean(m.off_node_bytes for m in tail),
+        # This host's link per step (every rank reads its host's counter: the same number for
+        # all ranks of a host), None off a namespace cluster.
+        link_tx_bytes=(None if link_start is None or link_end is None
+                       else (link_end - link_start) / (args.steps - skip)),
         payload_bytes=statistics.mean(m.payload_bytes for m in tail),
         dense_bytes=statistics.mean(m.dense_bytes for m in tail),
         comm_s=statistics.median(m.comm_s for m in tail),
@@ -127,12 +155,23 @@ def train_one(method: str, args: argparse.Namespace, corpus, spec) -> dict:
     )
 
 
-def two_nodes(world: int):
-    """This run's ranks as 2 nodes of world/2 (the layout "off-node" bytes refer to)."""
+def link_tx_bytes() -> int | None:
+    """Bytes this host's ``eth0`` has sent (a namespace cluster's host link), None elsewhere."""
+    if not os.environ.get("TRAINPILOT_BENCH_LINK"):
+        return None
+    try:
+        return int(Path("/sys/class/net/eth0/statistics/tx_bytes").read_text())
+    except OSError:
+        return None
+
+
+def node_layout(world: int, nodes: int | None):
+    """This run's ranks as ``nodes`` nodes (default 2) of world/nodes ranks: the layout
+    "off-node" bytes refer to (torchrun numbers ranks host by host)."""
     from trainpilot.specs import ClusterSpec
 
     link = dict(gbytes_per_s=1.0)
-    per_node = max(1, world // 2)
+    per_node = max(1, world // (nodes or 2))
     return ClusterSpec(device="cpu", devices_per_node=per_node, num_nodes=world // per_node,
                        network=dict(intra_node=link, inter_node=link))
 
@@ -163,6 +202,8 @@ def worker(args: argparse.Namespace) -> None:
                   f"step {mine['step_s'] * 1e3:.0f} ms", flush=True)
     if dist.get_rank() == 0:
         result = dict(world_size=dist.get_world_size(), steps=args.steps,
+                      nodes=args.nodes or 2, on_links=bool(os.environ.get("TRAINPILOT_BENCH_LINK")),
+                      rate_mbit=args.rate_mbit if args.nodes else None,
                       batch_per_rank=args.batch_per_rank, seq_len=args.seq_len, lr=args.lr,
                       model="tiny-gpt", entropy_floor_nats=corpus.entropy_rate_nats,
                       params=sum(p.numel() for p in _model_params(spec, args.seq_len)),
@@ -188,10 +229,18 @@ def summarize(result: dict) -> list[dict]:
         rows.append(dict(method=ranks[0]["method"], **mean))
     base = next((r for r in rows if r["method"] == "none"), None)
     floor = result["entropy_floor_nats"]
+    per_node = max(1, result["world_size"] // result.get("nodes", 2))
     for row in rows:
         row["excess_loss"] = row["eval_loss"] - floor
+        if "link_tx_bytes" in row:  # a host's link, shared by its ranks: per rank
+            row["off_node_link"] = row["link_tx_bytes"] / per_node
         if base:
             row["wire_reduction"] = base["wire_bytes_measured"] / max(row["wire_bytes_measured"], 1)
+            row["off_node_reduction"] = (base["off_node_bytes_model"]
+                                         / max(row["off_node_bytes_model"], 1))
+            if "off_node_link" in row and "off_node_link" in base:
+                row["off_node_link_reduction"] = base["off_node_link"] / max(
+                    row["off_node_link"], 1)
             row["loss_rel"] = row["eval_loss"] / base["eval_loss"] - 1
             row["excess_rel"] = row["excess_loss"] / (base["eval_loss"] - floor) - 1
     return rows
@@ -202,43 +251,60 @@ def print_table(result: dict, rows: list[dict]) -> str:
     from rich.console import Console
     from rich.table import Table
 
+    nodes, links = result.get("nodes", 2), result.get("on_links", False)
+    where = (f"{nodes} hosts (network namespaces, {result['rate_mbit']:g} Mbit/s links)"
+             if links else f"labelled as {nodes} nodes on one host")
     table = Table(title=f"gradient compression: tiny-gpt ({result['params'] / 1e6:.2f} M params),"
-                        f" {result['world_size']} gloo ranks, {result['steps']} steps; entropy "
-                        f"floor {result['entropy_floor_nats']:.4f} nats")
-    for col in ("method", "wire MB/step (measured)", "model", "fewer bytes",
-                "off-node MB (2 nodes, model)", "step ms", "comm ms", "eval loss", "vs none",
-                "excess over floor", "vs none "):
+                        f" {result['world_size']} gloo ranks {where}, {result['steps']} steps; "
+                        f"entropy floor {result['entropy_floor_nats']:.4f} nats; per rank and step")
+    for col in ("method", "wire MB (measured)", "model", "fewer bytes",
+                f"off-node MB ({nodes} nodes, model)", "fewer", "off-node MB (link)", "fewer ",
+                "step ms", "comm ms", "eval loss", "vs none", "excess over floor", "vs none "):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in rows:
+        link = r.get("off_node_link")
         table.add_row(
             r["method"], f"{r['wire_bytes_measured'] / 1e6:.3f}",
             f"{r['wire_bytes_model'] / 1e6:.3f}", f"{r.get('wire_reduction', 1):.1f}x",
-            f"{r['off_node_bytes_model'] / 1e6:.3f}",
+            f"{r['off_node_bytes_model'] / 1e6:.3f}", f"{r.get('off_node_reduction', 1):.1f}x",
+            "-" if link is None else f"{link / 1e6:.3f}",
+            "-" if link is None else f"{r.get('off_node_link_reduction', 1):.1f}x",
             f"{r['step_s'] * 1e3:.0f}", f"{r['comm_s'] * 1e3:.1f}", f"{r['eval_loss']:.4f}",
             f"{r.get('loss_rel', 0) * 100:+.2f}%", f"{r['excess_loss']:.4f}",
             f"{r.get('excess_rel', 0) * 100:+.1f}%")
-    console = Console(width=190, record=True)
+    console = Console(width=230, record=True)
     console.print(table)
     return console.export_text()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    args.out = args.out or RESULTS / f"comm_compression_w{args.world_size}.json"
+    suffix = f"_n{args.nodes}" if args.nodes else ""
+    args.out = args.out or RESULTS / f"comm_compression_w{args.world_size}{suffix}.json"
     if args.methods is None:
         args.methods = DEFAULT_METHODS + (["topk15-hier"] if args.world_size >= 4 else [])
     if args.worker:
         worker(args)
         return 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={args.world_size}", __file__, "--worker",
-           f"--steps={args.steps}", f"--batch-per-rank={args.batch_per_rank}",
-           f"--seq-len={args.seq_len}", f"--lr={args.lr}", f"--out={args.out}",
-           "--methods", *args.methods]
+    if args.nodes is not None and (args.nodes < 1 or args.world_size % args.nodes):
+        print(f"--nodes: got {args.nodes}; valid: a divisor of --world-size "
+              f"({args.world_size})", file=sys.stderr)
+        return 2
+    worker_args = [__file__, "--worker", f"--world-size={args.world_size}",
+                   f"--steps={args.steps}", f"--batch-per-rank={args.batch_per_rank}",
+                   f"--seq-len={args.seq_len}", f"--lr={args.lr}", f"--out={args.out}",
+                   *([f"--nodes={args.nodes}", f"--rate-mbit={args.rate_mbit}"]
+                     if args.nodes else []), "--methods", *args.methods]
     start = time.time()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if subprocess.run(cmd, env=env).returncode:
-        return 1
+    if args.nodes:
+        code = run_on_hosts(args, worker_args, env)
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={args.world_size}", *worker_args]
+        code = subprocess.run(cmd, env=env).returncode
+    if code:
+        return code
     result = json.loads(args.out.read_text())
     text = print_table(result, summarize(result))
     from trainpilot.fsio import atomic_write_text
@@ -246,6 +312,32 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(args.out.with_suffix(".txt"), text)
     print(f"wall {time.time() - start:.0f} s; results in {args.out} (.txt: the table)")
     return 0
+
+
+def run_on_hosts(args: argparse.Namespace, worker_args: list[str], env: dict) -> int:
+    """One torchrun per host of a namespace cluster, joined by c10d rendezvous on node0."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.multinode.netns import NetCluster, missing_requirements
+
+    missing = missing_requirements(iptables=False)
+    if missing:
+        print(f"--nodes: {missing}", file=sys.stderr)
+        return 2
+    hosts = [f"node{i}" for i in range(args.nodes)]
+    env = dict(env, GLOO_SOCKET_IFNAME="eth0", TRAINPILOT_BENCH_LINK="1")
+    with NetCluster(hosts, rate_mbit=args.rate_mbit, lifetime_s=7200) as net:
+        procs = [net.popen(host, [
+            sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}",
+            f"--nproc-per-node={args.world_size // args.nodes}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={net.address('node0')}:29400", "--rdzv-id=compression",
+            f"--local-addr={net.address(host)}", *worker_args], env=env) for host in hosts]
+        try:
+            codes = [proc.wait() for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, 9)
+    return max(codes)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,8 @@ def scenario_ddp(rank: int, world: int, args: dict) -> dict:
                    zip(run["grads"], ref["grads"]))
         out[f"{label}.max_rel_vs_ref"] = diff
         out[f"{label}.buckets"] = run["buckets"]
+        last = run["hook"].counters.last
+        out[f"{label}.wire_over_dense"] = last.wire_bytes / last.dense_bytes
         if label.endswith("nooverlap"):
             base = train_ddp(comm.replace(overlap=True), cluster, steps=steps)
             out[f"{label}.bit_equal_overlap"] = all(
@@ -201,19 +203,25 @@ def scenario_ddp(rank: int, world: int, args: dict) -> dict:
                                     **small),
         "topk.hier.ef.nooverlap": CommOptions(compression="topk", topk_density=0.15,
                                               hierarchical=True, overlap=False, **small),
+        "topk.flat.ef.allgather": CommOptions(compression="topk", topk_density=0.15,
+                                              topk_exchange="all_gather", **small),
+        "topk.4nodes.ef": CommOptions(compression="topk", topk_density=0.15, hierarchical=True,
+                                      **small),
         "topk.flat.noef": CommOptions(compression="topk", topk_density=0.15,
                                       error_feedback=False, **small),
         "topk.hier.noef": CommOptions(compression="topk", topk_density=0.15,
                                       hierarchical=True, error_feedback=False, **small),
     }.items():
-        run = train_ddp(comm, cluster, steps=steps, track_invariant=True)
+        where = cpu_cluster(1, 4) if ".4nodes." in label else cluster
+        run = train_ddp(comm, where, steps=steps, track_invariant=True)
         out[f"{label}.invariant_rel"] = run["invariant_rel"]
         out[f"{label}.buckets"] = run["buckets"]
-        big = train_ddp(comm.replace(bucket_mb=25.0), cluster, steps=steps)
+        big = train_ddp(comm.replace(bucket_mb=25.0), where, steps=steps)
         out[f"{label}.bucket_independent"] = torch.equal(big["params"], run["params"])
         last = run["hook"].counters.last
         out[f"{label}.payload_over_dense"] = last.payload_bytes / last.dense_bytes
         out[f"{label}.off_node_over_dense"] = last.off_node_bytes / last.dense_bytes
+        out[f"{label}.wire_over_dense"] = last.wire_bytes / last.dense_bytes
     out.update(powersgd_checks(cluster, steps, ref))
     return out
 
@@ -267,7 +275,8 @@ def _resume_steps(ddp, hook: CommHook, opt, steps: range) -> None:
 
 
 def scenario_resume(rank: int, world: int, args: dict) -> dict:
-    comm = CommOptions(compression="topk", topk_density=0.05, bucket_mb=0.004)
+    comm = CommOptions(compression="topk", topk_density=0.05, bucket_mb=0.004,
+                       topk_exchange=args.get("exchange", "auto"))
     ckpt = Path(args["dir"]) / f"ckpt.rank{rank}.pt"
     total, cut = 10, 5
     if args["phase"] == "full":

@@ -50,17 +50,27 @@ def test_ddp_hooks(tmp_path):
     for label in ("bf16.flat", "bf16.hier.nooverlap"):
         assert 0 < out[f"{label}.max_rel_vs_ref"] < 2e-2, label
     # Error feedback: what was transmitted + the residuals == the sum of the true gradients.
-    for label in ("topk.flat.ef", "topk.hier.ef", "topk.hier.ef.nooverlap"):
+    for label in ("topk.flat.ef", "topk.flat.ef.allgather", "topk.4nodes.ef", "topk.hier.ef",
+                  "topk.hier.ef.nooverlap"):
         assert out[f"{label}.invariant_rel"] < 1e-14, label
         assert out[f"{label}.bucket_independent"], label
     for label in ("topk.flat.noef", "topk.hier.noef"):  # negative control
         assert out[f"{label}.invariant_rel"] > 0.05, label
     # float64 model: 15% of 8-byte values + a 1-bit-per-element bitmap, plus the per-parameter
-    # minimum of one entry.
-    assert out["topk.flat.ef.payload_over_dense"] == pytest.approx(0.15 + 1 / 64, abs=0.01)
+    # minimum of one entry: one rank's message for the whole bucket.
+    message = 0.15 + 1 / 64
+    assert out["topk.flat.ef.allgather.payload_over_dense"] == pytest.approx(message, abs=0.01)
+    # 4 ranks, all-gather: 3 messages out per rank; the sparse reduce-scatter ("auto" at 4):
+    # 3/4 of a message for the scatter and 3/4 for the gather, as a ring all-reduce (2 x 3/4
+    # of the dense bytes), so the ratio to dense no longer grows with the rank count.
+    assert out["topk.flat.ef.allgather.wire_over_dense"] == pytest.approx(3 * message, abs=0.03)
+    assert out["topk.flat.ef.wire_over_dense"] == pytest.approx(1.5 * message, abs=0.02)
+    assert out["none.flat.wire_over_dense"] == pytest.approx(1.5, abs=1e-3)
+    # 4 nodes of 1 rank: every byte leaves its node, at the same 1.5 messages.
+    assert out["topk.4nodes.ef.off_node_over_dense"] == pytest.approx(1.5 * message, abs=0.02)
     # Hierarchical: only the inter-node stage is compressed; half a bucket crosses per rank.
     assert out["topk.hier.ef.off_node_over_dense"] == pytest.approx(
-        out["topk.flat.ef.payload_over_dense"] / 2, rel=0.05)
+        out["topk.flat.ef.allgather.payload_over_dense"] / 2, rel=0.05)
     assert out["powersgd.buckets"] == [1, 1, 1, 1]
     assert out["powersgd.payload_over_dense"] < 0.5
     assert out["powersgd.max_rel_vs_ref"] > 1e-3  # it did compress
@@ -68,8 +78,10 @@ def test_ddp_hooks(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_resume_is_bit_exact_with_compression(tmp_path):
-    args = {"dir": str(tmp_path)}
+@pytest.mark.parametrize("exchange", ["all_gather", "scatter"])
+def test_resume_is_bit_exact_with_compression(tmp_path, exchange):
+    """The scatter exchange keeps the owners' unsent sums in the same per-rank residuals."""
+    args = {"dir": str(tmp_path), "exchange": exchange}
     full = run_ranks("resume", 2, tmp_path, timeout_s=50, args=dict(args, phase="full"))
     restart = run_ranks("resume", 2, tmp_path, timeout_s=50, args=dict(args, phase="restart"))
     for whole, resumed in zip(full, restart):

@@ -6,6 +6,7 @@ the uninterrupted single-host run (weights, AdamW state, every loss)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,8 @@ def test_node_lost_the_standby_joins_with_state_from_the_survivors_memory(ref2, 
     # step 6 was in node0's memory folder, which the launcher removes when it ends.
     assert [step for step, _ in in_storage] == [3], in_storage
     assert folders and not any(folder.exists() for folder in folders)
+    # Negative control of the drain test's "no step trained twice" (test_drain.py): a host lost
+    # without a drain re-trains the steps after the restored one, and the same check sees it.
+    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
+    steps = [r["step"] for r in map(json.loads, lines) if r.get("kind") == "step"]
+    assert steps != list(range(1, STEPS2 + 1)) and steps.count(7) == 2, steps

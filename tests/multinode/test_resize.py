@@ -52,4 +52,11 @@ def test_a_host_added_then_removed_keeps_state_and_data_exactly_once(ref2, clust
     last = {r["step"]: r for r in steps}  # a step trained again after the shrink replaces it
     assert sorted(last) == list(range(1, STEPS2 + 1))
     assert all(last[s]["samples_seen"] == s * GLOBAL_BATCH for s in last)  # exactly once
+    # The shrink replayed steps (the fault had an effect: the steps after the restored one were
+    # trained at 2 ranks, then again at 1), and each replay read the same samples: the same
+    # loss to the last bit at the other world size (a sampler off by one sample, or resharded
+    # by the wrong world size, changes it).
+    replayed = [r for r in steps if r is not last[r["step"]]]
+    assert replayed and all(r["step"] > restarts[1]["restored_step"] for r in replayed)
+    assert all(r["loss"] == last[r["step"]]["loss"] for r in replayed), replayed
     assert_same_run(run.run_dir, ref2, step=9, num_steps=STEPS2)

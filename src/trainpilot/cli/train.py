@@ -29,7 +29,8 @@ _CONFIG_FLAGS = dict(steps=int, lr=float, warmup_steps=int, grad_clip=float, see
                      data_tokenizer=str, data_text_field=str, data_eos_id=int)
 # Recovery options that map onto ElasticConfig fields.
 _ELASTIC_FLAGS = dict(recovery="recovery", heartbeat_timeout="heartbeat_timeout_s",
-                      collective_timeout="collective_timeout_s")
+                      collective_timeout="collective_timeout_s", probe_links="link_probe_s",
+                      drain_slow_links="drain_slow_links")
 
 
 def register(subparsers) -> None:
@@ -138,6 +139,14 @@ def register(subparsers) -> None:
                             "(default 3)")
     group.add_argument("--collective-timeout", type=float, metavar="S",
                        help="the training group's collective timeout (default 10)")
+    group.add_argument("--probe-links", type=float, metavar="S",
+                       help="multi-node: each host's launcher probes the other hosts' links "
+                            "every S seconds and flags a host whose links are under half the "
+                            "others' speed (needs 3 hosts, a standby counts; RUN_DIR/links/)")
+    group.add_argument("--drain-slow-links", action="store_true", default=None,
+                       help="with --probe-links: a host flagged 3 rounds in a row asks for its "
+                            "own drain (see `trainpilot drain`): the job moves to the standby "
+                            "at the next step, losing none")
     parser.add_argument("--run-dir", help="where the run writes (default runs/<timestamp>)")
     parser.add_argument("--dry-run", action="store_true",
                         help="build the layout on the meta device; report per-rank parameters "

@@ -255,6 +255,7 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
     tail = _Tail([watch / "stream.jsonl", run_dir / "metrics.jsonl"], on_record, note) \
         if (on_record or note) else None
     log_launch(run_dir, "launch_start")
+    probe = _start_link_probe(args, run_dir, elastic)
     outcome = "failed"
     failure: BaseException | None = None
     left = ""  # why this host's agent ended without running the job to its end
@@ -282,6 +283,8 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
             dog.stop()
             if tail:
                 tail.stop()
+            if probe is not None:
+                probe.stop()
         if left and (drained := _drained_here(run_dir)) is not None:
             # The drained ranks' exit records reached the watchdog only after torchrun's agent
             # had gone on to wait at its exit barrier (seen under load): the same departure.
@@ -305,6 +308,53 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
     finally:
         log_launch(run_dir, "launch_end", outcome=outcome)
         shutil.rmtree(watch, ignore_errors=True)
+
+
+def _start_link_probe(args: argparse.Namespace, run_dir: Path, elastic: dict[str, Any]):
+    """The host's link probe (``runtime.elastic.linkprobe``) for a multi-node job that asks for
+    one (``elastic.link_probe_s``), else None."""
+    interval = elastic.get("link_probe_s")
+    if args.standalone or not interval:
+        return None
+    import socket
+
+    from trainpilot.runtime.drain import request_drain
+    from trainpilot.runtime.elastic.linkprobe import LinkProbe
+    from trainpilot.runtime.elastic.rendezvous import host_name
+
+    host = host_name()
+    address = getattr(args, "local_addr", None) or socket.gethostbyname(host)
+
+    def flag(verdict, rounds: int) -> None:
+        log_launch(run_dir, "link_degraded", rounds=rounds, mbit_s=verdict.mbit_s,
+                   others_mbit_s=verdict.others_mbit_s)
+
+    def drain(verdict) -> None:
+        if _holds_rendezvous(args, address):
+            log_launch(run_dir, "drain_refused", reason=verdict.reason(),
+                       why="this host holds the rendezvous store: the job would end with it")
+            return
+        body = request_drain(run_dir, host, reason=verdict.reason())
+        log_launch(run_dir, "drain_requested", reason=body["reason"])
+
+    return LinkProbe(run_dir, host, address, interval_s=float(interval),
+                     ratio=float(elastic.get("slow_link_ratio", 0.5)),
+                     rounds=int(elastic.get("slow_link_rounds", 3)), on_flag=flag,
+                     on_drain=drain if elastic.get("drain_slow_links") else None).start()
+
+
+def _holds_rendezvous(args: argparse.Namespace, address: str) -> bool:
+    """Whether this host serves the c10d rendezvous (``--rdzv-endpoint`` names it)."""
+    import socket
+
+    endpoint = str(getattr(args, "rdzv_endpoint", "") or "")
+    head = endpoint.rsplit(":", 1)[0].strip("[]") if endpoint else ""
+    if not head:
+        return False
+    try:
+        return socket.gethostbyname(head) in (address, "127.0.0.1")
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

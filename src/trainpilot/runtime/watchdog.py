@@ -544,9 +544,10 @@ def _oom_kills() -> int | None:
     return None
 
 
-def log_launch(run_dir: Path, kind: str, **details: Any) -> None:
-    """``launch_start`` / ``launch_end`` of one launcher process in ``launcher.jsonl``."""
-    _log(run_dir, dict(kind=kind, pid=os.getpid(), host=os.uname().nodename, **details))
+def log_launch(run_dir: Path, kind: str, *, host: str | None = None, **details: Any) -> None:
+    """``launch_start`` / ``launch_end`` (and the launcher's other records: link flags, drain
+    requests) of one launcher process in ``launcher.jsonl``; ``host`` defaults to this one."""
+    _log(run_dir, dict(kind=kind, pid=os.getpid(), host=host or os.uname().nodename, **details))
 
 
 def _launch_records(run_dir: Path) -> list[dict[str, Any]]:

@@ -33,6 +33,13 @@ class CommOptions(Spec):
     topk_density: float = pydantic.Field(default=0.15, gt=0, le=1)
     powersgd_rank: PositiveInt = 4
     error_feedback: bool = True
+    # How top-k messages cross the compressed stage. "all_gather": every rank's selection to
+    # every other ((g-1) messages of the whole row: grows with the group). "scatter": a sparse
+    # reduce-scatter (each rank's selection of each chunk to the chunk's owner), the owner's
+    # top-k of the summed chunk all-gathered: 2 (g-1)/g of one message, like a ring all-reduce,
+    # at the cost of a second selection (its residual is error-fed too). "auto": scatter when
+    # the stage has more than 2 ranks (at 2 both send the same bytes).
+    topk_exchange: Literal["auto", "all_gather", "scatter"] = "auto"
     # Collective algorithm for NCCL-family libraries: "auto" picks, per call, the fastest of
     # ring and tree by size (NCCL's tuner); "ring"/"tree" force one (NCCL_ALGO).
     algorithm: Literal["auto", "ring", "tree"] = "auto"

@@ -257,6 +257,14 @@ def create_app(root: str | Path, *, token: str | None = None, loopback_only: boo
         key, store = _store(request)
         return dict(key=key, **clean(plan_section(store, store.path.parent)))
 
+    def api_cluster(request: Request) -> dict[str, Any]:
+        from trainpilot.ui.cluster import cluster_section
+
+        key, store = _store(request)
+        restarts = [dict(e.payload, step=e.step, unix_s=e.time)
+                    for e in store.events(kinds=["restart"], limit=200)]
+        return dict(key=key, **clean(cluster_section(store.path.parent, restarts=restarts)))
+
     def api_compare(request: Request) -> dict[str, Any]:
         stores = dict(_store(request, key) for key in request.query_params.getlist("key")[:8])
         return compare_data(stores, request.query_params.get("metric", "loss"),
@@ -290,6 +298,7 @@ def create_app(root: str | Path, *, token: str | None = None, loopback_only: boo
         Route("/api/run", _json(api_run), methods=["GET"]),
         Route("/api/window", _json(api_window), methods=["GET"]),
         Route("/api/plan", _json(api_plan), methods=["GET"]),
+        Route("/api/cluster", _json(api_cluster), methods=["GET"]),
         Route("/api/compare", _json(api_compare), methods=["GET"]),
         Route("/api/csv", api_csv, methods=["GET"]),
         Route("/vendor/plotly.min.js", lambda r: FileResponse(plotly_js_path()),

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainpilot.runtime.comm.counters import CommCounters, now_s
-from trainpilot.runtime.comm.hierarchical import StagedAllReduce
+from trainpilot.runtime.comm.hierarchical import PieceLayout, StagedAllReduce
 from trainpilot.runtime.comm.topk import ErrorFeedback, TopKCodec
 from trainpilot.runtime.comm.topology import (
     HierarchyGroups,
@@ -256,9 +256,11 @@ class CommHook:
         residual_rows = torch.zeros(layout.num_pieces, layout.row, dtype=buffer.dtype)
 
         def stage(row: torch.Tensor, sub: Subgroup, piece: int, layout) -> torch.Tensor:
+            kept = residual_rows[piece] if ef is not None else None
+            if self._scatters(sub):
+                return self._topk_scatter(row, sub, layout, kept)
             message, index = codec.encode(row, layout.widths)
-            if ef is not None:
-                kept = residual_rows[piece]
+            if kept is not None:
                 kept.copy_(row)
                 kept[index] = 0
             gathered = torch.empty(message.numel() * sub.size, dtype=torch.uint8)
@@ -270,6 +272,59 @@ class CommHook:
         if ef is not None:
             ef.store(names, numels, layout.unpermute(residual_rows.reshape(-1)))
         return total
+
+    def _scatters(self, sub: Subgroup) -> bool:
+        """Whether the top-k stage over ``sub`` is a sparse reduce-scatter (see CommOptions)."""
+        exchange = self.comm.topk_exchange
+        return exchange == "scatter" or (exchange == "auto" and sub.size > 2)
+
+    def _topk_scatter(self, row: torch.Tensor, sub: Subgroup, layout: PieceLayout,
+                      kept: torch.Tensor | None) -> torch.Tensor:
+        """Sum ``row`` over ``sub`` by a sparse reduce-scatter and a sparse all-gather.
+
+        The row is cut into ``sub.size`` chunks, per parameter piece (``PieceLayout`` again, so
+        bucketing still changes nothing). Each rank sends its top-k of chunk ``j`` to member
+        ``j`` (its own chunk stays dense: it never leaves the process), the owner sums what it
+        received, selects the top-k of that sum and all-gathers it. One rank's wire bytes:
+        2 (g-1)/g messages of one chunk each way round, against (g-1) whole-row messages for
+        the plain all-gather. ``kept`` (error feedback) receives what this rank did not send:
+        the unsent part of every other chunk, and of its own chunk the part of the sum it did
+        not broadcast. Each owner's unsent sum thus re-enters through its own next gradient,
+        so sent + residuals = the true gradients' sum still holds, with one residual per rank.
+        """
+        import torch
+        import torch.distributed as dist
+
+        codec = self.codec
+        assert codec is not None
+        g, me = sub.size, dist.get_rank(sub.group)
+        chunks = PieceLayout(segments=layout.widths, num_pieces=g)
+        cut = chunks.permute(row).view(g, chunks.row)
+        size = codec.message_bytes(chunks.widths, row.element_size())
+        outgoing = torch.zeros(g, size, dtype=torch.uint8)
+        unsent = cut.clone() if kept is not None else None
+        for j in range(g):
+            if j != me:
+                outgoing[j], index = codec.encode(cut[j], chunks.widths)
+                if unsent is not None:
+                    unsent[j, index] = 0
+        incoming = torch.empty_like(outgoing)
+        self.counters.add_collective("all_to_all", outgoing.numel(), sub)
+        dist.all_to_all_single(incoming, outgoing, group=sub.group)
+        others = torch.cat([incoming[:me], incoming[me + 1:]])
+        # The others' entries in group-rank order, then this rank's own: a fixed order.
+        summed = codec.decode_sum(others, chunks.widths, row.dtype).add_(cut[me])
+        message, index = codec.encode(summed, chunks.widths)
+        if unsent is not None and kept is not None:
+            unsent[me] = summed
+            unsent[me, index] = 0
+            kept.copy_(chunks.unpermute(unsent.reshape(-1)))
+        gathered = torch.empty(g, size, dtype=torch.uint8)
+        self.counters.add_collective("all_gather", size, sub)
+        dist.all_gather_single(gathered.view(-1), message, group=sub.group)
+        dense = torch.stack([codec.decode_sum(gathered[i: i + 1], chunks.widths, row.dtype)
+                             for i in range(g)])
+        return chunks.unpermute(dense.reshape(-1))
 
     # -- checkpointing ----------------------------------------------------------------------
 

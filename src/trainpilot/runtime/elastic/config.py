@@ -25,6 +25,10 @@ class ElasticConfig:
     waits for every rank (a replacement included). ``drain_timeout_s``: how long a recovery
     lets a checkpoint save of the failed generation finish. ``max_collective_retries``: re-issues of a
     collective that failed before it reached the wire, before escalating to a recovery.
+    ``link_probe_s``: a multi-node job's launchers probe each other's links this often (None:
+    off; ``runtime.elastic.linkprobe``); ``drain_slow_links``: a host whose link is judged slow
+    for ``slow_link_rounds`` rounds in a row (under ``slow_link_ratio`` x the other hosts')
+    asks for its own drain.
     """
 
     recovery: Literal["in_process", "restart"] = "in_process"
@@ -38,6 +42,10 @@ class ElasticConfig:
     max_recoveries: int = 20
     kill_hung: bool = True
     recompute_nonfinite: bool = True
+    link_probe_s: float | None = None
+    drain_slow_links: bool = False
+    slow_link_ratio: float = 0.5
+    slow_link_rounds: int = 3
 
     def __post_init__(self) -> None:
         if self.recovery not in ("in_process", "restart"):
@@ -50,6 +58,17 @@ class ElasticConfig:
         if self.heartbeat_timeout_s < 2 * self.heartbeat_interval_s:
             raise SpecError("elastic.heartbeat_timeout_s", self.heartbeat_timeout_s,
                             f"valid: >= 2 x heartbeat_interval_s = {2 * self.heartbeat_interval_s}")
+        if self.link_probe_s is not None and not (isinstance(self.link_probe_s, (int, float))
+                                                  and self.link_probe_s > 0):
+            raise SpecError("elastic.link_probe_s", self.link_probe_s, "valid: seconds > 0")
+        if self.drain_slow_links and self.link_probe_s is None:
+            raise SpecError("elastic.drain_slow_links", True,
+                            "needs link probes (elastic.link_probe_s, --probe-links S)")
+        if not 0 < self.slow_link_ratio < 1:
+            raise SpecError("elastic.slow_link_ratio", self.slow_link_ratio, "valid: 0 < ratio < 1")
+        if not isinstance(self.slow_link_rounds, int) or self.slow_link_rounds < 1:
+            raise SpecError("elastic.slow_link_rounds", self.slow_link_rounds,
+                            "valid: an integer >= 1")
         for name in ("max_collective_retries", "max_recoveries"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:

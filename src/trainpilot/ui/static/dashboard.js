@@ -31,7 +31,7 @@
   function reset() {
     state = {run: null, series: {}, layers: {names: [], series: {}}, ranks: {},
              stragglers: {}, straggler_ratio: 1.2, forecast: null, events: [],
-             plan: state ? state.plan : null};
+             plan: state ? state.plan : null, cluster: state ? state.cluster : null};
     cursor = null;
   }
 
@@ -135,6 +135,8 @@
     try {
       state.plan = await getJson(apiUrl("/api/plan"));
       renderPlan();
+      state.cluster = await getJson(apiUrl("/api/cluster"));
+      renderCluster();
     } catch (err) {
       status.lastError = String(err);
     } finally {
@@ -286,6 +288,41 @@
       th.textContent = k;
       td.textContent = v;
       tr.append(th, td);
+      return tr;
+    }));
+  }
+
+  // The cluster panel: shown for a run on more than one host (trainpilot.ui.cluster).
+  function renderCluster() {
+    const c = state.cluster;
+    const panel = document.getElementById("cluster-panel");
+    if (!c || !c.hosts || !c.hosts.length) {
+      panel.hidden = true;
+      return;
+    }
+    panel.hidden = false;
+    const mbit = (v) => (v === null || v === undefined ? "-" : v.toFixed(0));
+    fillRows("#cluster-hosts tbody", c.hosts.map((h) => [
+      h.host, h.state, h.launches, mbit(h.link_mbit_s) + (h.link_slow ? " (slow)" : ""),
+      h.flagged_rounds, h.probe_live ? (h.address || "live") : "-"]),
+    (tr, i) => { if (c.hosts[i].link_slow || c.hosts[i].state === "drained") tr.className = "sev-warning"; });
+    fillRows("#cluster-links tbody", c.links.map((l) => [
+      `${l.a} - ${l.b}`, mbit(l.mbit_s), l.probes, l.failed, (l.probe_bytes / 1e6).toFixed(1)]));
+    fillRows("#cluster-events tbody", c.events.map((e) => [
+      e.unix_s ? new Date(e.unix_s * 1000).toLocaleTimeString() : "-",
+      e.step === null || e.step === undefined ? "-" : e.step, e.kind, e.host || "-", e.message]));
+  }
+
+  function fillRows(selector, rows, decorate) {
+    const body = document.querySelector(selector);
+    body.replaceChildren(...rows.map((cells, i) => {
+      const tr = document.createElement("tr");
+      for (const v of cells) {
+        const td = document.createElement("td");
+        td.textContent = String(v);
+        tr.append(td);
+      }
+      if (decorate) decorate(tr, i);
       return tr;
     }));
   }
