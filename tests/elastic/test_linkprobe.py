@@ -81,9 +81,12 @@ def test_probes_between_live_sinks_on_loopback_are_recorded_and_judged(tmp_path)
 
 def test_a_flagged_host_asks_for_its_own_drain_after_its_rounds(tmp_path):
     drains = []
-    probe = LinkProbe(tmp_path, "node1", "127.0.0.1", rounds=2,
-                      on_drain=lambda v: drains.append(request_drain(tmp_path, "node1",
-                                                                     reason=v.reason())))
+
+    def drain(verdict) -> bool:
+        drains.append(request_drain(tmp_path, "node1", reason=verdict.reason()))
+        return True
+
+    probe = LinkProbe(tmp_path, "node1", "127.0.0.1", rounds=2, on_drain=drain)
     (tmp_path / "links" / "hosts").mkdir(parents=True)
     for host in ("node0", "spare"):  # live peers, as their launchers publish them
         (tmp_path / "links" / "hosts" / f"{host}.json").write_text(json.dumps(

@@ -117,6 +117,39 @@ def test_heartbeat_declares_a_silent_rank_failed(store):
         peer.stop()
 
 
+def test_a_kill_from_an_older_generation_is_stale(store, monkeypatch):
+    """A rank cut off past the collective timeout (a partition) is declared silent in its
+    generation, times out of it itself and joins the next: the kill issued for the old
+    generation is ignored, and the watcher withdraws the verdict once that same process reports
+    the newer one. Negative control: a rank still in the declared generation (a stopped process
+    resuming) obeys the kill."""
+    import os
+    import signal
+
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    watcher = _beats(store, 0)
+    watcher.kill = True
+    peer = _beats(store, 1)
+    peer._beat()
+    watcher._watch()  # it sees the peer beating, in generation 0
+    watcher.peers[1].changed_at -= 10  # then nothing for 10 s (the partition)
+    watcher._watch()
+    assert [(v.rank, v.reason, v.gen) for v in watcher.verdicts] == [(1, "silent", 0)]
+    assert killed == [(os.getpid(), signal.SIGKILL)]  # "this host's" pid: the direct path
+    killed.clear()
+    peer._obey_kill()  # still in generation 0 (the control): it obeys the store's kill
+    assert killed == [(os.getpid(), signal.SIGKILL)]
+    killed.clear()
+    peer.update(gen=1)  # cut off, it timed out of generation 0 and joins generation 1
+    peer._obey_kill()
+    assert killed == []  # stale: ignored
+    peer._beat()
+    watcher._watch()  # the same process, in generation 1: the verdict is withdrawn
+    assert watcher.verdicts == [] and (1, 1) not in watcher._acted
+    assert not watcher.store.check(["kill/1/1"])
+
+
 def test_a_rank_that_finished_is_not_declared_failed(store):
     verdicts = []
     watcher = _beats(store, 0, on_verdict=verdicts.append).start()

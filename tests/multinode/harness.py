@@ -35,7 +35,8 @@ ENV = dict(GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
 
 def train_args(run_dir: Path, *, steps: int, plan: str = PLAN_DDP, every: int = 3,
                nnodes: str = "2", head: str | None = None, local_addr: str | None = None,
-               rdzv_id: str = "mn", extra: Sequence[str] = ()) -> list[str]:
+               rdzv_id: str = "mn", rdzv_conf: str = RDZV_CONF,
+               extra: Sequence[str] = ()) -> list[str]:
     """The command each host runs. ``head``: the rendezvous host's address (None: a
     single-host run, torchrun standalone)."""
     cmd = [sys.executable, "-m", "trainpilot", "train", "--model", "tiny-gpt", "--steps",
@@ -45,7 +46,7 @@ def train_args(run_dir: Path, *, steps: int, plan: str = PLAN_DDP, every: int = 
     if head is not None:
         cmd += ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"{head}:{RDZV_PORT}", "--rdzv-id", rdzv_id,
-                "--rdzv-conf", RDZV_CONF, "--local-addr", local_addr or head]
+                "--rdzv-conf", rdzv_conf, "--local-addr", local_addr or head]
     return [*cmd, *extra]
 
 
@@ -67,10 +68,11 @@ class Launch:
 
     def __init__(self, net: NetCluster, run_dir: Path, *, steps: int, plan: str = PLAN_DDP,
                  every: int = 3, nnodes: str = "2", head: str = "node0",
-                 extra: Sequence[str] = ()):
+                 rdzv_conf: str = RDZV_CONF, extra: Sequence[str] = ()):
         self.net, self.run_dir = net, run_dir
         self.head = net.address(head)
-        self.kwargs = dict(steps=steps, plan=plan, every=every, nnodes=nnodes, extra=extra)
+        self.kwargs = dict(steps=steps, plan=plan, every=every, nnodes=nnodes,
+                           rdzv_conf=rdzv_conf, extra=extra)
         self.jobs: dict[str, NodeJob] = {}
 
     def start(self, host: str) -> NodeJob:

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -249,13 +250,13 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
 
     watch = watch_dir_for(os.getpid())
     env = _worker_env(args, watch, signals)
-    dog = Watchdog(watch, run_dir=run_dir,
-                   on_observation=_OnWorkerEnd(run_dir, watch, local_ranks=_nproc(args) or 1),
+    on_end = _OnWorkerEnd(run_dir, watch, local_ranks=_nproc(args) or 1)
+    dog = Watchdog(watch, run_dir=run_dir, on_observation=on_end,
                    timeout_s=float(elastic.get("heartbeat_timeout_s", 3.0))).start()
     tail = _Tail([watch / "stream.jsonl", run_dir / "metrics.jsonl"], on_record, note) \
         if (on_record or note) else None
     log_launch(run_dir, "launch_start")
-    probe = _start_link_probe(args, run_dir, elastic)
+    probe = on_end.probe = _start_link_probe(args, run_dir, elastic, watch)
     outcome = "failed"
     failure: BaseException | None = None
     left = ""  # why this host's agent ended without running the job to its end
@@ -310,37 +311,44 @@ def _supervise(args: argparse.Namespace, run_dir: Path, *, elastic: dict[str, An
         shutil.rmtree(watch, ignore_errors=True)
 
 
-def _start_link_probe(args: argparse.Namespace, run_dir: Path, elastic: dict[str, Any]):
-    """The host's link probe (``runtime.elastic.linkprobe``) for a multi-node job that asks for
-    one (``elastic.link_probe_s``), else None."""
+def _start_link_probe(args: argparse.Namespace, run_dir: Path, elastic: dict[str, Any],
+                      watch: Path) -> _ProbeProcess | None:
+    """The host's link probe (``runtime.elastic.linkprobe``, its own process) for a multi-node
+    job that asks for one (``elastic.link_probe_s``), else None."""
     interval = elastic.get("link_probe_s")
     if args.standalone or not interval:
         return None
     import socket
 
-    from trainpilot.runtime.drain import request_drain
-    from trainpilot.runtime.elastic.linkprobe import LinkProbe
     from trainpilot.runtime.elastic.rendezvous import host_name
 
     host = host_name()
     address = getattr(args, "local_addr", None) or socket.gethostbyname(host)
+    drain = "off"
+    if elastic.get("drain_slow_links"):
+        drain = "refused" if _holds_rendezvous(args, address) else "on"
+    cmd = [sys.executable, "-m", "trainpilot.runtime.elastic.linkprobe", "--run-dir",
+           str(run_dir), "--host", host, "--address", address, "--interval", str(interval),
+           "--ratio", str(elastic.get("slow_link_ratio", 0.5)),
+           "--rounds", str(elastic.get("slow_link_rounds", 3)), "--drain", drain,
+           "--watch", str(watch), "--parent", str(os.getpid())]
+    return _ProbeProcess(subprocess.Popen(cmd, stdin=subprocess.DEVNULL))
 
-    def flag(verdict, rounds: int) -> None:
-        log_launch(run_dir, "link_degraded", rounds=rounds, mbit_s=verdict.mbit_s,
-                   others_mbit_s=verdict.others_mbit_s)
 
-    def drain(verdict) -> None:
-        if _holds_rendezvous(args, address):
-            log_launch(run_dir, "drain_refused", reason=verdict.reason(),
-                       why="this host holds the rendezvous store: the job would end with it")
-            return
-        body = request_drain(run_dir, host, reason=verdict.reason())
-        log_launch(run_dir, "drain_requested", reason=body["reason"])
+class _ProbeProcess:
+    """The link probe's process: stopped (SIGTERM, then SIGKILL) when the launch ends."""
 
-    return LinkProbe(run_dir, host, address, interval_s=float(interval),
-                     ratio=float(elastic.get("slow_link_ratio", 0.5)),
-                     rounds=int(elastic.get("slow_link_rounds", 3)), on_flag=flag,
-                     on_drain=drain if elastic.get("drain_slow_links") else None).start()
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
 
 
 def _holds_rendezvous(args: argparse.Namespace, address: str) -> bool:
@@ -397,6 +405,7 @@ class _OnWorkerEnd:
         self.run_dir, self.watch, self.local_ranks = run_dir, watch, local_ranks
         self.sent = False
         self.drained: set[int] = set()
+        self.probe: _ProbeProcess | None = None  # stopped before leaving (no finally runs)
 
     def __call__(self, obs: Observation) -> None:
         if obs.kind == "exit" and obs.reason == "bad_input" and not self.sent:
@@ -408,6 +417,8 @@ class _OnWorkerEnd:
                 self._leave(obs.step)
 
     def _leave(self, step: int) -> None:
+        if self.probe is not None:
+            self.probe.stop()
         log_launch(self.run_dir, "launch_end", outcome="drained", step=step)
         shutil.rmtree(self.watch, ignore_errors=True)
         print(_DRAINED_LINE.format(step=step), flush=True)

@@ -16,10 +16,18 @@ peer's own thread to exit (``kill/<rank>/<incarnation>``: the path that works ac
 while the peer's threads still run), and sends SIGKILL to its pid when it runs on this host
 (the path that works for a stopped process). A killed rank is then replaced by the supervisor
 (torchrun restarts every rank; the local supervisor replaces that one).
+
+A verdict names the generation the peer was in. A peer that was only cut off (a partition past
+the collective timeout, on another host) times out of that generation itself and joins the
+next: a kill issued for an older generation than the one it is in or joining is stale, and it
+ignores it; the watcher withdraws a verdict (and its keys) once that same process reports a
+newer generation, so it can be judged afresh later. A stopped or frozen process resumes in
+its old generation and obeys.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -130,9 +138,29 @@ class Heartbeat:
     def _obey_kill(self) -> None:
         key = f"kill/{self.rank}/{self.incarnation}"
         if self.store.check([key]):
-            log.error("rank %d: declared failed by a peer (%s); exiting", self.rank,
-                      self.store.get(key).decode())
+            raw = self.store.get(key).decode()
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                declared_gen = json.loads(raw).get("gen")
+                if declared_gen is not None and self.gen > int(declared_gen):
+                    log.warning("rank %d: a kill for generation %s is stale (this rank is in "
+                                "%d): ignored", self.rank, declared_gen, self.gen)
+                    return
+            log.error("rank %d: declared failed by a peer (%s); exiting", self.rank, raw)
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def _withdraw_stale(self, rank: int, info: dict[str, Any]) -> None:
+        """Drop verdicts on ``rank`` that its same process has outlived (see the module doc)."""
+        stale = [v for v in self.verdicts if v.rank == rank and v.gen is not None
+                 and v.incarnation == info.get("incarnation") and info["gen"] > v.gen]
+        for verdict in stale:
+            self.verdicts.remove(verdict)
+            self._acted.discard((rank, verdict.incarnation))
+            for prefix in ("kill", "failed"):
+                with contextlib.suppress(Exception):
+                    self.store.delete_key(f"{prefix}/{rank}/{verdict.incarnation}")
+            log.warning("rank %d: rank %d, declared %s in generation %d, joined generation %d: "
+                        "verdict withdrawn", self.rank, rank, verdict.reason, verdict.gen,
+                        info["gen"])
 
     def _watch(self) -> None:
         now = time.monotonic()
@@ -153,6 +181,8 @@ class Heartbeat:
             else:
                 view.behind_since = None
             view.info = info
+            if self.verdicts:
+                self._withdraw_stale(r, info)
         judged = []
         for r in present:
             view = self.peers[r]
@@ -184,7 +214,8 @@ class Heartbeat:
                           host=info.get("host"), incarnation=info.get("incarnation"),
                           gen=info.get("gen"), step=info.get("step"))
         self.verdicts.append(verdict)
-        body = json.dumps(dict(by=self.rank, reason=reason, waited_s=round(waited_s, 3)))
+        body = json.dumps(dict(by=self.rank, reason=reason, waited_s=round(waited_s, 3),
+                               gen=verdict.gen))
         self.store.set(f"failed/{rank}/{verdict.incarnation}", body)
         if self.kill:
             self.store.set(f"kill/{rank}/{verdict.incarnation}", body)

@@ -107,13 +107,14 @@ def read_probes(run_dir: Path, *, since: float = 0.0) -> list[dict[str, Any]]:
 class LinkProbe:
     """The sink, prober and judge of one host (see the module docstring). ``start()`` /
     ``stop()``; ``on_flag(verdict, rounds)`` is called for each flagged round and
-    ``on_drain(verdict)`` once, after ``rounds`` in a row (None: flag only)."""
+    ``on_drain(verdict)`` from the ``rounds``-th in a row on, until it returns True (it acted;
+    False: not now, e.g. no rank of the job runs here yet; None: flag only)."""
 
     def __init__(self, run_dir: Path, host: str, address: str, *, interval_s: float = 2.0,
                  probe_bytes: int = 256 * 1024, ratio: float = 0.5, rounds: int = 3,
                  timeout_s: float = 2.0,
                  on_flag: Callable[[LinkVerdict, int], None] | None = None,
-                 on_drain: Callable[[LinkVerdict], None] | None = None):
+                 on_drain: Callable[[LinkVerdict], bool] | None = None):
         self.run_dir, self.host, self.address = Path(run_dir), host, address
         self.interval_s, self.probe_bytes = interval_s, probe_bytes
         self.ratio, self.rounds, self.timeout_s = ratio, rounds, timeout_s
@@ -142,9 +143,10 @@ class LinkProbe:
             self._threads.append(thread)
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop probing and leave the mesh (``wait``: for a probe in flight to end)."""
         self._stop.set()
-        for thread in self._threads:
+        for thread in self._threads if wait else ():
             thread.join(timeout=self.timeout_s + 1)
         if self._server is not None:
             self._server.close()
@@ -242,8 +244,7 @@ class LinkProbe:
             if self.on_flag is not None:
                 self.on_flag(verdict, self._flagged)
             if self._flagged >= self.rounds and not self._drained and self.on_drain:
-                self._drained = True
-                self.on_drain(verdict)
+                self._drained = self.on_drain(verdict)
         return verdict
 
 
@@ -255,3 +256,76 @@ def _recv_exactly(conn: socket.socket, size: int) -> bytes:
             raise OSError("connection closed")
         data += chunk
     return data
+
+
+# -- the probe as its own process (what the launcher runs) -----------------------------------
+def _training(watch: Path | None) -> bool:
+    """Whether a worker of this host's launcher runs now (a live pid among the registrations
+    in its watch folder, ``runtime.watchdog``): a standby has none, and nothing to drain."""
+    if watch is None:
+        return True
+    for path in watch.glob("rank*.json"):
+        if ".exit." in path.name:
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            os.kill(int(json.loads(path.read_text())["pid"]), 0)
+            return True
+    return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainpilot.runtime.elastic.linkprobe``: one host's probe, run by its launcher
+    as a separate process. Not in the launcher itself: a launcher busy starting torchrun's agent
+    (imports hold the GIL for seconds) would answer probes late and be judged slow."""
+    import argparse
+    import signal
+
+    from trainpilot.runtime.drain import request_drain
+    from trainpilot.runtime.watchdog import log_launch
+
+    parser = argparse.ArgumentParser(description=main.__doc__.split("\n")[0] if main.__doc__
+                                     else None)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--ratio", type=float, default=0.5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--drain", choices=("off", "on", "refused"), default="off",
+                        help="refused: this host holds the rendezvous store")
+    parser.add_argument("--watch", type=Path, default=None, help="the launcher's watch folder")
+    parser.add_argument("--parent", type=int, default=None, help="exit when this pid is gone")
+    args = parser.parse_args(argv)
+    run_dir, host = args.run_dir, args.host
+
+    def flag(verdict: LinkVerdict, rounds: int) -> None:
+        log_launch(run_dir, "link_degraded", host=host, rounds=rounds, mbit_s=verdict.mbit_s,
+                   others_mbit_s=verdict.others_mbit_s)
+
+    def drain(verdict: LinkVerdict) -> bool:
+        if not _training(args.watch):
+            return False
+        if args.drain == "refused":
+            log_launch(run_dir, "drain_refused", host=host, reason=verdict.reason(),
+                       why="this host holds the rendezvous store: the job would end with it")
+            return True
+        body = request_drain(run_dir, host, reason=verdict.reason())
+        log_launch(run_dir, "drain_requested", host=host, reason=body["reason"])
+        return True
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    probe = LinkProbe(run_dir, host, args.address, interval_s=args.interval, ratio=args.ratio,
+                      rounds=args.rounds, on_flag=flag,
+                      on_drain=None if args.drain == "off" else drain).start()
+    try:
+        while not stop.wait(0.2):
+            if args.parent is not None and os.getppid() != args.parent:
+                break  # the launcher is gone
+    finally:
+        probe.stop(wait=False)  # daemon threads: a probe in flight ends with the process
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
