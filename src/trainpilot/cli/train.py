@@ -30,7 +30,7 @@ _CONFIG_FLAGS = dict(steps=int, lr=float, warmup_steps=int, grad_clip=float, see
 # Recovery options that map onto ElasticConfig fields.
 _ELASTIC_FLAGS = dict(recovery="recovery", heartbeat_timeout="heartbeat_timeout_s",
                       collective_timeout="collective_timeout_s", probe_links="link_probe_s",
-                      drain_slow_links="drain_slow_links")
+                      drain_slow_links="drain_slow_links", slow_link_ratio="slow_link_ratio")
 
 
 def register(subparsers) -> None:
@@ -147,6 +147,10 @@ def register(subparsers) -> None:
                        help="with --probe-links: a host flagged 3 rounds in a row asks for its "
                             "own drain (see `trainpilot drain`): the job moves to the standby "
                             "at the next step, losing none")
+    group.add_argument("--slow-link-ratio", type=float, metavar="R",
+                       help="with --probe-links: a host is flagged when its links' median "
+                            "speed is under R x the other hosts' (default 0.5; lower it where "
+                            "probes are noisy)")
     parser.add_argument("--run-dir", help="where the run writes (default runs/<timestamp>)")
     parser.add_argument("--dry-run", action="store_true",
                         help="build the layout on the meta device; report per-rank parameters "
