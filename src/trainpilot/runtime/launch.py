@@ -323,7 +323,12 @@ def _start_link_probe(args: argparse.Namespace, run_dir: Path, elastic: dict[str
     from trainpilot.runtime.elastic.rendezvous import host_name
 
     host = host_name()
-    address = getattr(args, "local_addr", None) or socket.gethostbyname(host)
+    try:
+        address = getattr(args, "local_addr", None) or socket.gethostbyname(host)
+    except OSError as err:
+        log_launch(run_dir, "link_probe_off", why=f"cannot resolve {host!r} ({err}): give "
+                   "--local-addr")
+        return None
     drain = "off"
     if elastic.get("drain_slow_links"):
         drain = "refused" if _holds_rendezvous(args, address) else "on"
