@@ -1,9 +1,12 @@
-"""Atomic file writes shared by every layer: temporary file, fsync, rename, fsync the folder."""
+"""Atomic file writes shared by every layer (temporary file, fsync, rename, fsync the folder),
+and the reader of the JSON-lines journals they append to."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -33,3 +36,21 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, oldest first: [] when it cannot be read; a line
+    that is not one (cut short by a full disk, being written) is skipped."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return out

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainpilot.fsio import atomic_write_text
+from trainpilot.fsio import atomic_write_text, read_jsonl
 from trainpilot.runtime.faults import append_journal
 
 ENV_DIR = "TRAINPILOT_WATCH_DIR"
@@ -281,7 +281,7 @@ class Watchdog:
                     self._check(view, now)
 
     def _register(self) -> None:
-        for info in _beacons(self.dir):
+        for info in registrations(self.dir):
             pid = int(info["pid"])
             if pid in self.workers:
                 continue
@@ -301,7 +301,7 @@ class Watchdog:
         the main thread, so this runs first; a worker killed before this thread registered it
         (within a quarter second of its start) would otherwise end with no signal on record.
         Takes no lock (the main thread may hold it): it only reads beacons and stores codes."""
-        for info in _beacons(self.dir):
+        for info in registrations(self.dir):
             pid = int(info["pid"])
             if pid in self._reported:
                 continue
@@ -482,7 +482,7 @@ def _proc_state(pid: int) -> str | None:
     return None if state in ("Z", "X") else state
 
 
-def _beacons(directory: Path) -> list[dict[str, Any]]:
+def registrations(directory: Path) -> list[dict[str, Any]]:
     """The registrations (``rank<R>.json``: rank, pid, attempt, start) in ``directory`` that
     can be read now; one being written is seen next time."""
     out: list[dict[str, Any]] = []
@@ -551,17 +551,7 @@ def log_launch(run_dir: Path, kind: str, *, host: str | None = None, **details: 
 
 
 def _launch_records(run_dir: Path) -> list[dict[str, Any]]:
-    records = []
-    try:
-        lines = (run_dir / LAUNCHER_JOURNAL).read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    return read_jsonl(run_dir / LAUNCHER_JOURNAL)
 
 
 def launches_elsewhere(run_dir: Path) -> list[str]:

@@ -17,19 +17,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-_LAUNCH_KINDS = ("launch_start", "launch_end", "launcher_lost")
+from trainpilot.fsio import read_jsonl
+
 _HOST_EVENTS = ("drain_requested", "drain_refused")
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    with contextlib.suppress(OSError):
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    out.append(record)
-    return out
 
 
 def cluster_section(run_dir: Path, *, restarts: list[dict[str, Any]] | None = None,
@@ -41,7 +31,7 @@ def cluster_section(run_dir: Path, *, restarts: list[dict[str, Any]] | None = No
     from trainpilot.runtime.elastic.linkprobe import LINKS, judge, link_speeds, read_probes
 
     run_dir = Path(run_dir)
-    launcher = _jsonl(run_dir / "launcher.jsonl")
+    launcher = read_jsonl(run_dir / "launcher.jsonl")
     hosts: dict[str, dict[str, Any]] = {}
     events: list[dict[str, Any]] = []
     for r in launcher:
@@ -77,9 +67,11 @@ def cluster_section(run_dir: Path, *, restarts: list[dict[str, Any]] | None = No
                 hosts[live["host"]]["address"] = live.get("address")
     probes = [r for r in read_probes(run_dir) if r.get("kind") == "probe"]
     speeds = link_speeds(probes)
+    by_link: dict[frozenset, list[dict[str, Any]]] = {}
+    for r in probes:
+        by_link.setdefault(frozenset((r["src"], r["dst"])), []).append(r)
     links = []
-    for pair in sorted({frozenset((r["src"], r["dst"])) for r in probes}, key=sorted):
-        mine = [r for r in probes if frozenset((r["src"], r["dst"])) == pair]
+    for pair, mine in sorted(by_link.items(), key=lambda item: sorted(item[0])):
         a, b = sorted(pair)
         links.append(dict(a=a, b=b, mbit_s=speeds.get(pair), probes=len(mine),
                           failed=sum(not r.get("ok") for r in mine),
@@ -97,7 +89,7 @@ def cluster_section(run_dir: Path, *, restarts: list[dict[str, Any]] | None = No
                            host=drained["host"], step=drained.get("step"),
                            message=f"ranks {drained.get('drained_ranks')} saved step "
                                    f"{drained.get('step')} and left"))
-    for fault in _jsonl(run_dir / "faults.jsonl"):
+    for fault in read_jsonl(run_dir / "faults.jsonl"):
         if fault.get("host") or fault.get("origin") == "cluster":
             detail = {k: v for k, v in fault.items() if k in ("peer", "duration_s", "rate_mbit")}
             events.append(dict(unix_s=fault.get("time_unix_s"), kind=f"fault: {fault['kind']}",

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainpilot.fsio import atomic_write_text
+from trainpilot.fsio import atomic_write_text, read_jsonl
 
 LINKS = "links"
 _HEADER = struct.Struct("!Q")
@@ -64,19 +64,36 @@ class LinkVerdict:
                 f"{self.others_mbit_s:.0f} Mbit/s")
 
 
+class LinkSpeeds:
+    """The newest ``last`` probes of each link that got through (either direction), fed
+    record by record; ``speeds()`` gives their median Mbit/s, keyed by the pair of hosts. A
+    failed probe is left out: a link that is down is for the collective timeouts and
+    heartbeats to handle (a blip shorter than them is absorbed, a longer one is a recovery);
+    this judges the speed of links that work."""
+
+    def __init__(self, *, last: int = 5):
+        self.last = last
+        self._newest: dict[frozenset, list[tuple[float, float]]] = {}
+
+    def add(self, records: Iterable[dict[str, Any]]) -> LinkSpeeds:
+        for r in records:
+            if r.get("kind") != "probe" or not r.get("ok"):
+                continue
+            probes = self._newest.setdefault(frozenset((r["src"], r["dst"])), [])
+            probes.append((r["t"], r["mbit_s"]))
+            probes.sort()
+            del probes[:-self.last]
+        return self
+
+    def speeds(self) -> dict[frozenset, float]:
+        return {key: statistics.median(v for _, v in probes)
+                for key, probes in self._newest.items()}
+
+
 def link_speeds(records: Iterable[dict[str, Any]], *, last: int = 5) -> dict[frozenset, float]:
-    """Median Mbit/s of the newest ``last`` probes of each link that got through (either
-    direction), keyed by the pair of hosts. A failed probe is left out: a link that is down
-    is for the collective timeouts and heartbeats to handle (a blip shorter than them is
-    absorbed, a longer one is a recovery); this judges the speed of links that work."""
-    by_link: dict[frozenset, list[tuple[float, float]]] = {}
-    for r in records:
-        if r.get("kind") != "probe" or not r.get("ok"):
-            continue
-        key = frozenset((r["src"], r["dst"]))
-        by_link.setdefault(key, []).append((r["t"], r["mbit_s"]))
-    return {key: statistics.median(v for _, v in sorted(probes)[-last:])
-            for key, probes in by_link.items()}
+    """Median Mbit/s of the newest ``last`` probes of each link that got through (see
+    :class:`LinkSpeeds`), keyed by the pair of hosts."""
+    return LinkSpeeds(last=last).add(records).speeds()
 
 
 def judge(host: str, speeds: dict[frozenset, float], *, ratio: float = 0.5) -> LinkVerdict:
@@ -93,15 +110,8 @@ def judge(host: str, speeds: dict[frozenset, float], *, ratio: float = 0.5) -> L
 
 def read_probes(run_dir: Path, *, since: float = 0.0) -> list[dict[str, Any]]:
     """Every host's probe records newer than ``since`` (unix seconds)."""
-    out = []
-    for path in sorted((Path(run_dir) / LINKS).glob("*.jsonl")):
-        with contextlib.suppress(OSError):
-            for line in path.read_text().splitlines():
-                with contextlib.suppress(ValueError):
-                    record = json.loads(line)
-                    if isinstance(record, dict) and record.get("t", 0) > since:
-                        out.append(record)
-    return out
+    return [record for path in sorted((Path(run_dir) / LINKS).glob("*.jsonl"))
+            for record in read_jsonl(path) if record.get("t", 0) > since]
 
 
 class LinkProbe:
@@ -127,6 +137,8 @@ class LinkProbe:
         self._flagged = 0
         self._drained = False
         self._started = time.time()
+        self._speeds = LinkSpeeds()
+        self._read_to: dict[Path, int] = {}  # each host's probe file: bytes judged so far
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self) -> LinkProbe:
@@ -220,21 +232,45 @@ class LinkProbe:
     def _probe_loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self._publish()
-            records = [self.probe(peer) for peer in self.peers()]
+            peers = self.peers()
+            records = [self.probe(peer) for peer in peers]
             if records:
                 self._append(records)
-                self.judge_round()
+                self.judge_round({peer["host"] for peer in peers})
 
     def _append(self, records: Sequence[dict[str, Any]]) -> None:
         with open(self.folder / f"{self.host}.jsonl", "a") as out:
             out.write("".join(json.dumps(r) + "\n" for r in records))
 
-    def judge_round(self) -> LinkVerdict:
-        """Judge this host from every host's probes since this probe started."""
-        live = {self.host} | {peer["host"] for peer in self.peers()}  # a drained host left
-        speeds = {link: v for link, v in
-                  link_speeds(read_probes(self.run_dir, since=self._started)).items()
-                  if link <= live}
+    def _read_new_probes(self) -> list[dict[str, Any]]:
+        """The whole lines every host's probe file gained since the last round (a file is read
+        once, not again each round: it grows for the whole run)."""
+        out = []
+        for path in sorted(self.folder.glob("*.jsonl")):
+            start = self._read_to.get(path, 0)
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(start)
+                    data = handle.read()
+            except OSError:
+                continue
+            whole = data[: data.rfind(b"\n") + 1]  # a line being appended is read next round
+            self._read_to[path] = start + len(whole)
+            for line in whole.decode(errors="replace").splitlines():
+                with contextlib.suppress(ValueError):
+                    record = json.loads(line)
+                    if isinstance(record, dict) and record.get("t", 0) > self._started:
+                        out.append(record)
+        return out
+
+    def judge_round(self, peers: set[str] | None = None) -> LinkVerdict:
+        """Judge this host from every host's probes since this probe started, over the links
+        between live hosts (``peers``: the other live hosts; default: read now)."""
+        if peers is None:
+            peers = {peer["host"] for peer in self.peers()}
+        live = {self.host} | peers  # a drained host left
+        self._speeds.add(self._read_new_probes())
+        speeds = {link: v for link, v in self._speeds.speeds().items() if link <= live}
         verdict = judge(self.host, speeds, ratio=self.ratio)
         self._flagged = self._flagged + 1 if verdict.slow else 0
         if verdict.slow:
@@ -264,11 +300,11 @@ def _training(watch: Path | None) -> bool:
     in its watch folder, ``runtime.watchdog``): a standby has none, and nothing to drain."""
     if watch is None:
         return True
-    for path in watch.glob("rank*.json"):
-        if ".exit." in path.name:
-            continue
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            os.kill(int(json.loads(path.read_text())["pid"]), 0)
+    from trainpilot.runtime.watchdog import registrations
+
+    for info in registrations(watch):
+        with contextlib.suppress(OSError):
+            os.kill(int(info["pid"]), 0)
             return True
     return False
 
