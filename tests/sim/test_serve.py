@@ -3,6 +3,7 @@ validation on published measurements (held-out gate, negative controls)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -145,8 +146,7 @@ def test_the_gate_can_fail():
     gate."""
     bad = serve_validation.calibrated_efficiency().replace(hbm_efficiency=0.4)
     assert not serve_validation.summarize(serve_validation.run(bad))["passed"]
-    current = [serve_validation.ServeCase(c.source, c.split, c.case_id, c.model, c.cluster,
-                                          c.plan.replace(runtime={}), c.metric, c.measured)
+    current = [dataclasses.replace(c, plan=c.plan.replace(runtime={}))
                for c in serve_validation.load_cases()]
     summary = serve_validation.summarize(serve_validation.run(cases=current))
     assert not summary["passed"]
@@ -200,3 +200,42 @@ def test_cli_serve_json_and_validate():
     bad = run_cli("simulate", "serve", "--model", "llama3-8b", "--cluster", "h100-sxm-x8",
                   "--plan", "input_len=8,output_len=8", "--tp", "3")
     assert bad.returncode == 2 and bad.stderr.startswith("error: decode.tp: got 3")
+
+
+def test_later_batches_are_held_out_and_scored_apart(tmp_path):
+    """A later batch (collected blind, to test) is held out only and must say the batch its
+    file holds; the summary scores each held-out batch apart as well as pooled."""
+    source = ("sources:\n  s:\n    title: t\n    url: https://example.org\n    licence: x\n"
+              "    how: h\n    split: {split}\n    batch: {batch}\n    defaults: {{}}\n"
+              "    cases: []\n")
+    path = tmp_path / "b.yaml"
+    path.write_text(source.format(split="calibration", batch=2))
+    with pytest.raises(SpecError, match="held_out only"):
+        serve_validation.load_cases(path, batch=2)
+    path.write_text(source.format(split="held_out", batch=3))
+    with pytest.raises(SpecError, match="holds batch 2"):
+        serve_validation.load_cases(path, batch=2)
+    assert serve_validation.load_cases(path) == []
+
+    held = [c for c in serve_validation.load_cases() if c.split == "held_out" and c.batch == 1]
+    later = [dataclasses.replace(c, source=c.source + "-again", batch=2) for c in held[:3]]
+    summary = serve_validation.summarize(serve_validation.run(cases=held + later))
+    by_batch = summary["held_out_batches"]
+    assert {b: row["rows"] for b, row in by_batch.items()} == {1: len(held), 2: 3}
+    assert summary["held_out"]["rows"] == len(held) + 3
+    assert "batch 2 (blind)" in serve_validation.batches_line(summary)
+
+
+def test_fp4_gemms_use_fp4_tensor_cores_only_where_the_device_has_them():
+    """A compute-bound prefill: 4-bit weights on B200 (NVFP4 tensor cores, 2x the FP8 rate)
+    take clearly less time than FP8; on H200, which has no FP4 tensor cores, the GEMMs run at
+    the FP8 rate (W4A8), so the prefill takes about as long."""
+    model = load_model("llama3-70b")
+
+    def ttft(cluster: str, dtype: str) -> float:
+        plan = ServePlan(input_len=8192, output_len=1, batch_size=8, batching="static",
+                         weight_dtype=dtype, kv_dtype="fp8", decode=InstanceLayout(tp=2))
+        return simulate_serve(model, load_cluster(cluster), plan).ttft_s
+
+    assert ttft("b200-x8", "fp4") < 0.7 * ttft("b200-x8", "fp8")
+    assert ttft("h200-x8", "fp4") > 0.9 * ttft("h200-x8", "fp8")

@@ -136,7 +136,7 @@ def _print_report(model, cluster, plan, report, totals) -> None:
 def _run_validate(args, eff) -> int:
     from rich.table import Table
 
-    from trainpilot.sim.serve_validation import validate_serving
+    from trainpilot.sim.serve_validation import batches_line, validate_serving
 
     out = validate_serving(eff)
     s = out["summary"]
@@ -144,31 +144,37 @@ def _run_validate(args, eff) -> int:
         print_json(out)
         return 0 if s["passed"] else 1
     table = Table(title="Sim2Infer against published serving measurements", title_justify="left")
-    for col in ("source", "split", "rows", "mean |error|", "max |error|", "bias"):
+    for col in ("source", "split", "batch", "rows", "mean |error|", "max |error|", "bias"):
         table.add_column(col, justify="left" if col in ("source", "split") else "right")
-    for name, row in s["sources"].items():
-        table.add_row(name, row["split"], str(row["rows"]), f"{row['mean_abs_error']:.1%}",
+
+    def add(label: str, split: str, batch: str, row: dict) -> None:
+        table.add_row(label, split, batch, str(row["rows"]), f"{row['mean_abs_error']:.1%}",
                       f"{row['max_abs_error']:.1%}", f"{row['bias']:+.1%}")
+
+    for name, row in s["sources"].items():
+        add(name, row["split"], str(row["batch"]), row)
+    for batch, row in s["held_out_batches"].items():
+        add(f"held_out, batch {batch} ({row['num_sources']} sources)", "held_out", str(batch),
+            row)
     for split in ("calibration", "held_out"):
         row = s[split]
-        table.add_row(f"all {split} ({row['num_sources']} sources)", split, str(row["rows"]),
-                      f"{row['mean_abs_error']:.1%}", f"{row['max_abs_error']:.1%}",
-                      f"{row['bias']:+.1%}")
+        add(f"all {split} ({row['num_sources']} sources)", split, "", row)
     console.print(table)
     rows = Table(title="held-out rows", title_justify="left")
-    for col in ("source", "case", "runtime", "metric", "measured", "predicted", "error",
-                "bound"):
+    for col in ("source", "batch", "case", "runtime", "metric", "measured", "predicted",
+                "error", "bound"):
         rows.add_column(col, justify="right" if col in ("measured", "predicted", "error")
                         else "left")
     for r in out["rows"]:
         if r["split"] == "held_out":
-            rows.add_row(r["source"], r["id"], r["runtime"], r["metric"], f"{r['measured']:,.1f}",
+            rows.add_row(r["source"], str(r["batch"]), r["id"], r["runtime"], r["metric"],
+                         f"{r['measured']:,.1f}",
                          f"{r['predicted']:,.1f}", f"{r['error']:+.1%}",
                          ", ".join(f"{k}: {v}" for k, v in r["reasons"].items()))
     console.print(rows)
     console.print(f"held-out mean |error| {s['held_out']['mean_abs_error']:.1%} over "
-                  f"{s['held_out']['rows']} rows from {s['held_out']['num_sources']} sources; "
-                  f"target <= {s['target']:.0%}: {'met' if s['target_met'] else 'MISSED'}; "
+                  f"{s['held_out']['rows']} rows from {s['held_out']['num_sources']} sources "
+                  f"({batches_line(s)}); target <= {s['target']:.0%}: {'met' if s['target_met'] else 'MISSED'}; "
                   f"gate <= {s['gate']:.0%}: {'passed' if s['passed'] else 'FAILED'}")
     return 0 if s["passed"] else 1
 

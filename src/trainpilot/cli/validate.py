@@ -169,13 +169,16 @@ def _other_parts(part: str) -> dict:
 
 def _print_others(others: dict) -> None:
     if "serving" in others:
+        from trainpilot.sim.serve_validation import batches_line
+
         s = others["serving"]
         held, cal = s["held_out"], s["calibration"]
         console.print(
             f"serving (Sim2Infer, `trainpilot simulate serve --validate` for every row): "
             f"held-out mean error {held['mean_abs_error']:.1%} over {held['rows']} rows from "
-            f"{held['num_sources']} sources (gate {s['gate']:.0%}, target {s['target']:.0%}: "
-            f"{'met' if s['target_met'] else 'not met'}); calibration "
+            f"{held['num_sources']} sources ({batches_line(s)}; gate {s['gate']:.0%}, "
+            f"target {s['target']:.0%}: {'met' if s['target_met'] else 'not met'}); "
+            f"calibration "
             f"{cal['mean_abs_error']:.1%} over {cal['rows']} rows")
     if "diagnosis" in others:
         d = others["diagnosis"]["splits"]["held_out"]

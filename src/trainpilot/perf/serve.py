@@ -215,13 +215,18 @@ def _hw(cluster: ClusterSpec, plan: ServePlan, eff: ServeEfficiency) -> _Hw:
     dev = cluster.device
     kernels = GEMM_KERNELS[plan.runtime.gemm_kernels]
     eight_bit = plan.weight_dtype in ("fp8", "fp4")
-    gemm_peak = (dev.peak_flops("fp8") * kernels.fp8_efficiency if eight_bit
-                 else dev.peak_flops("bf16") * eff.gemm_efficiency)
+    # 4-bit weights on a device with FP4 tensor cores (Blackwell: NVFP4, activations quantized
+    # to 4 bits too) run at its FP4 peak; elsewhere (Hopper has none) they are widened to FP8
+    # in the GEMM (W4A8), at the FP8 peak. The kernel class's share of the peak is the same.
+    native_fp4 = plan.weight_dtype == "fp4" and "fp4" in dev.peak_tflops
+    gemm_peak = (dev.peak_flops("fp4" if native_fp4 else "fp8") * kernels.fp8_efficiency
+                 if eight_bit else dev.peak_flops("bf16") * eff.gemm_efficiency)
     hbm = dev.hbm_gbytes_per_s * 1e9
     return _Hw(
         peak_16=dev.peak_flops("bf16"), gemm_peak=gemm_peak,
         gemm_peak_16=dev.peak_flops("bf16") * eff.gemm_efficiency,
-        gemm_act_bytes=1.0 if eight_bit else 2.0, kernels=kernels, hbm_raw=hbm,
+        gemm_act_bytes=(DTYPE_BYTES["fp4"] if native_fp4 else 1.0) if eight_bit else 2.0,
+        kernels=kernels, hbm_raw=hbm,
         hbm_bw=hbm * eff.hbm_efficiency, hbm_bytes=dev.hbm_gib * GIB,
         reserved_bytes=curve.reserved_gib * GIB,
         net=Network.of(cluster, curve.collective_library),

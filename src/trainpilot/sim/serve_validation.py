@@ -30,9 +30,10 @@ HELD_OUT_GATE = 0.20  # the committed gate: fails if the model gets worse than i
 _DATA = "serve_validation.yaml"
 _CALIBRATION = "serve_calibration.yaml"
 _CASE_KEYS = {"id", "model", "cluster", "plan", "metric", "measured"}
-_SOURCE_KEYS = {"title", "url", "licence", "split", "how", "defaults", "cases"}
+_SOURCE_KEYS = {"title", "url", "licence", "split", "how", "defaults", "cases", "batch"}
 METRICS = ("output_tokens_per_s_per_instance", "output_tokens_per_s_per_device",
-           "output_tokens_per_s_per_node", "input_tokens_per_s_per_node", "ttft_ms")
+           "output_tokens_per_s_per_node", "input_tokens_per_s_per_node", "ttft_ms",
+           "tpot_ms")
 # The efficiency fields `calibrate` fits, with their bounds, and where the fit starts: the
 # published figure each one stands for (FlashAttention-3's ~500 TFLOP/s causal BF16 forward on
 # H100, 0.5 of the peak; LMSYS's EPLB balancedness plot, ~1.5; a CUDA-graph kernel boundary,
@@ -54,6 +55,7 @@ class ServeCase:
     plan: ServePlan
     metric: str
     measured: float
+    batch: int = 1  # the collection the source came in (a later batch never moves an earlier)
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,31 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def load_cases(path: str | Path | None = None) -> list[ServeCase]:
-    """Every row of the dataset (default: the bundled one); unknown keys are SpecErrors."""
-    text = (Path(path).read_text() if path else
-            resources.files("trainpilot.sim").joinpath("data", _DATA).read_text())
+def _bundled_files() -> list[tuple[int, str]]:
+    """The bundled dataset's files with their batch: 1 for ``serve_validation.yaml``, N for a
+    later batch's own file ``serve_validation_batch<N>.yaml``; in batch order."""
+    data = resources.files("trainpilot.sim").joinpath("data")
+    later = [(int(f.name.removeprefix("serve_validation_batch").removesuffix(".yaml")), f.name)
+             for f in data.iterdir()
+             if f.name.startswith("serve_validation_batch") and f.name.endswith(".yaml")]
+    return [(1, _DATA), *sorted(later)]
+
+
+def load_cases(path: str | Path | None = None, *, batch: int | None = None,
+               ) -> list[ServeCase]:
+    """Every row of a dataset file (default: every bundled batch, each file's batch from its
+    name); ``batch``: the batch ``path`` holds, which its sources' own ``batch`` must agree
+    with. Unknown keys are SpecErrors."""
+    if path is None:
+        data_dir = resources.files("trainpilot.sim").joinpath("data")
+        return [case for number, name in _bundled_files()
+                for case in _load_text(data_dir.joinpath(name).read_text(), number)]
+    return _load_text(Path(path).read_text(), batch)
+
+
+def _load_text(text: str, file_batch: int | None) -> list[ServeCase]:
+    """The cases of one file; ``file_batch``: the batch its bundled file name says, which a
+    source's own ``batch`` must agree with."""
     data = yaml.safe_load(text)
     models = {name: validate(ModelSpec, spec, doc=f"models.{name}")
               for name, spec in (data.get("models") or {}).items()}
@@ -91,6 +114,13 @@ def load_cases(path: str | Path | None = None) -> list[ServeCase]:
         if block["split"] not in ("calibration", "held_out"):
             raise SpecError(f"sources.{source}.split", block["split"],
                             "valid: calibration, held_out")
+        batch = int(block.get("batch", file_batch or 1))
+        if file_batch is not None and batch != file_batch:
+            raise SpecError(f"sources.{source}.batch", batch,
+                            f"this file holds batch {file_batch}")
+        if batch > 1 and block["split"] != "held_out":
+            raise SpecError(f"sources.{source}.split", block["split"],
+                            "a later batch is collected to test: held_out only")
         defaults = block.get("defaults") or {}
         for raw in block["cases"]:
             row = _merge(defaults, raw)
@@ -107,7 +137,7 @@ def load_cases(path: str | Path | None = None) -> list[ServeCase]:
                             doc=f"{source}.{row['id']}.plan")
             cases.append(ServeCase(source, block["split"], row["id"], model,
                                    load_cluster(row["cluster"]), plan, row["metric"],
-                                   float(row["measured"])))
+                                   float(row["measured"]), batch))
     return cases
 
 
@@ -138,6 +168,7 @@ def predict(case: ServeCase, eff: ServeEfficiency) -> ServeResult:
         "output_tokens_per_s_per_node": report.output_tokens_per_s_per_device * per_node,
         "input_tokens_per_s_per_node": report.input_tokens_per_s_per_device * per_node,
         "ttft_ms": report.ttft_s * 1e3,
+        "tpot_ms": report.tpot_s * 1e3,
     }[case.metric]
     return ServeResult(case, value, report)
 
@@ -158,12 +189,20 @@ def summarize(results: list[ServeResult]) -> dict[str, Any]:
     by_source: dict[str, list[ServeResult]] = {}
     for r in results:
         by_source.setdefault(r.case.source, []).append(r)
-    out: dict[str, Any] = {"sources": {s: {**stats(rows), "split": rows[0].case.split}
+    out: dict[str, Any] = {"sources": {s: {**stats(rows), "split": rows[0].case.split,
+                                           "batch": rows[0].case.batch}
                                        for s, rows in by_source.items()}}
     for split in ("calibration", "held_out"):
         rows = [r for r in results if r.case.split == split]
         if rows:
             out[split] = {**stats(rows), "num_sources": len({r.case.source for r in rows})}
+    # Held out by batch: batch 1's errors have been read while the model was built (held out
+    # from every fit, not from sight); each later batch was collected blind and scored once.
+    held_rows = [r for r in results if r.case.split == "held_out"]
+    out["held_out_batches"] = {
+        batch: {**stats(rows), "num_sources": len({r.case.source for r in rows})}
+        for batch in sorted({r.case.batch for r in held_rows})
+        for rows in [[r for r in held_rows if r.case.batch == batch]]}
     held = out.get("held_out", {}).get("mean_abs_error", 1.0)
     out.update(gate=HELD_OUT_GATE, target=HELD_OUT_TARGET, passed=held <= HELD_OUT_GATE,
                target_met=held <= HELD_OUT_TARGET)
@@ -202,11 +241,20 @@ def calibrate(cases: list[ServeCase] | None = None, *, start: ServeEfficiency | 
     return eff, mape
 
 
+def batches_line(summary: dict[str, Any]) -> str:
+    """The held-out mean by batch, for the CLIs' summary lines."""
+    parts = [f"batch {b}{' (blind)' if int(b) > 1 else ''}: {row['mean_abs_error']:.1%} over "
+             f"{row['rows']} rows from {row['num_sources']} sources"
+             for b, row in summary["held_out_batches"].items()]
+    return "; ".join(parts)
+
+
 def validate_serving(eff: ServeEfficiency | None = None) -> dict[str, Any]:
     """What ``trainpilot validate`` should print and gate: every row and the summaries."""
     results = run(eff)
     return dict(summary=summarize(results),
-                rows=[dict(source=r.case.source, split=r.case.split, id=r.case.case_id,
+                rows=[dict(source=r.case.source, split=r.case.split, batch=r.case.batch,
+                           id=r.case.case_id,
                            runtime=r.case.plan.runtime.name,
                            metric=r.case.metric, measured=r.case.measured,
                            predicted=r.predicted, error=r.error,

@@ -11,7 +11,7 @@ from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 from trainpilot.specs.base import Spec
 from trainpilot.specs.errors import SpecError
 
-Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+Dtype = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
 
 
 class DeviceSpec(Spec):

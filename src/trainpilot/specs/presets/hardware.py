@@ -32,9 +32,11 @@ DEVICES: dict[str, dict[str, Any]] = {
     # 143,771 MiB = 140.40 GiB.
     "h200": dict(name="h200", peak_tflops=dict(bf16=989, fp16=989, fp8=1979, tf32=494, fp32=67),
                  hbm_gib=140.4, hbm_gbytes_per_s=4800, power_w=700, efficiency_curve="h100"),
-    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOP/s bf16 dense, 4.5 fp8 dense; 180 GB HBM3e
-    # at 8 TB/s; 1,000 W. nvidia-smi shows 183,359 MiB = 179.06 GiB.
-    "b200": dict(name="b200", peak_tflops=dict(bf16=2250, fp16=2250, fp8=4500, tf32=1100, fp32=75),
+    # NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOP/s bf16 dense, 4.5 fp8 dense, 9 fp4 dense
+    # (18 with sparsity); 180 GB HBM3e at 8 TB/s; 1,000 W. nvidia-smi shows 183,359 MiB =
+    # 179.06 GiB.
+    "b200": dict(name="b200", peak_tflops=dict(bf16=2250, fp16=2250, fp8=4500, fp4=9000,
+                                               tf32=1100, fp32=75),
                  hbm_gib=179.06, hbm_gbytes_per_s=8000, power_w=1000, efficiency_curve="b200"),
     # Huawei Ascend 910B as publicly reported (Atlas 800T A2): about 320 TFLOP/s fp16/bf16,
     # 64 GB HBM2e at about 1.6 TB/s, 400 W. Vendor figures are not fully published; treat as
