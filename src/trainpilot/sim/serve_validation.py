@@ -25,7 +25,7 @@ from trainpilot.specs import ClusterSpec, ModelSpec, SpecError, load_cluster, lo
 from trainpilot.specs.loading import validate
 from trainpilot.specs.serve import ServePlan
 
-HELD_OUT_TARGET = 0.15  # issue 19's target for the held-out mean |error| (not met: 17.7%)
+HELD_OUT_TARGET = 0.15  # issue 19's target for the held-out mean |error| (not met: 18.0%)
 HELD_OUT_GATE = 0.20  # the committed gate: fails if the model gets worse than it is
 _DATA = "serve_validation.yaml"
 _CALIBRATION = "serve_calibration.yaml"
