@@ -15,7 +15,8 @@ node-local folder (``TRAINPILOT_WATCH_DIR``, in ``/dev/shm`` when it exists):
 * a worker that ends leaves a child the launcher may look at without reaping it
   (``waitid(..., WNOWAIT)``): its exit code or signal. A worker that ends on its own first writes
   ``rank<R>.exit.json`` (why); one that dies without it was killed from outside (or by the
-  kernel: a SIGKILL while ``/proc/vmstat``'s ``oom_kill`` rose is an OOM kill).
+  kernel: a SIGKILL while the ``oom_kill`` count of the worker's own memory cgroup rose is an
+  OOM kill; ``/proc/vmstat``'s host-wide count only where the cgroup's cannot be read).
 
 Every fault seen this way that the fault injector did not cause (its journal names the pid) is
 journaled in ``RUN_DIR/faults.jsonl`` as an external fault (kind, rank, time, evidence), and
@@ -191,6 +192,8 @@ class WorkerView:
     ended: bool = False
     pidfd: int | None = None  # -1 once closed
     gone_since: float | None = None  # ended, status not read yet
+    oom_file: Path | None = None  # its memory cgroup's OOM-kill count (None: not readable)
+    oom_at_start: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -287,6 +290,8 @@ class Watchdog:
                 continue
             view = WorkerView(rank=int(info["rank"]), pid=pid, attempt=int(info["attempt"]),
                               started=float(info["started_unix_s"]))
+            view.oom_file = memcg_oom_file(pid)
+            view.oom_at_start = oom_count(view.oom_file) if view.oom_file else None
             self.workers[pid] = view
             if view.attempt not in self.attempts:
                 self.attempts[view.attempt] = dict(started_unix_s=view.started, ranks=[])
@@ -383,9 +388,17 @@ class Watchdog:
             kind, what = "hang", f"was stopped (SIGSTOP), then {what} (declared failed by a peer)"
         elif sig in (signal.SIGKILL, None) and code is None:
             # A SIGKILL nobody here sent, or an end whose status torchrun reaped first: the
-            # kernel's OOM killer if its counter rose meanwhile.
+            # kernel's OOM killer if the count of the worker's own memory cgroup rose meanwhile
+            # (an OOM kill anywhere else on the host, another job's or another cgroup's, is
+            # not this worker's); the host-wide count where the cgroup's cannot be read.
             kills = _oom_kills()
-            if kills is not None and self._oom_kills is not None and kills > self._oom_kills:
+            if view.oom_file is not None:
+                now = oom_count(view.oom_file)
+                if now is not None and view.oom_at_start is not None and now > view.oom_at_start:
+                    kind = "oom"
+                    what = ("killed by the kernel's out-of-memory killer (its memory cgroup's "
+                            f"oom_kill {view.oom_at_start} -> {now}, {view.oom_file})")
+            elif kills is not None and self._oom_kills is not None and kills > self._oom_kills:
                 kind = "oom"
                 what = ("killed by the kernel's out-of-memory killer (/proc/vmstat oom_kill "
                         f"{self._oom_kills} -> {kills})")
@@ -534,14 +547,44 @@ def _injected_by(run_dir: Path, pid: int) -> dict[str, Any] | None:
     return None
 
 
-def _oom_kills() -> int | None:
+def oom_count(path: Path) -> int | None:
+    """The ``oom_kill N`` count in ``path`` (``/proc/vmstat``, a v1 memory cgroup's
+    ``memory.oom_control``, a v2 cgroup's ``memory.events.local``); None if unreadable."""
     try:
-        for line in Path("/proc/vmstat").read_text().splitlines():
+        for line in path.read_text().splitlines():
             if line.startswith("oom_kill "):
                 return int(line.split()[1])
-    except OSError:
+    except (OSError, ValueError):
         pass
     return None
+
+
+def _oom_kills() -> int | None:
+    return oom_count(Path("/proc/vmstat"))
+
+
+def memcg_oom_file(pid: int, *, proc: Path = Path("/proc"), sys_fs: Path = Path("/sys/fs/cgroup"),
+                   ) -> Path | None:
+    """The file that counts OOM kills of ``pid``'s own memory cgroup (the kernel books a kill
+    on the victim's cgroup): v1's ``memory/<path>/memory.oom_control``, else v2's
+    ``<path>/memory.events.local`` (local: v2's ``memory.events`` also counts descendants);
+    None when neither can be read."""
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    candidates = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.strip().lstrip("/")
+        if "memory" in controllers.split(","):
+            candidates.insert(0, sys_fs / "memory" / rel / "memory.oom_control")
+        elif controllers == "":
+            candidates.append(sys_fs / rel / "memory.events.local")
+    return next((c for c in candidates if oom_count(c) is not None), None)
 
 
 def log_launch(run_dir: Path, kind: str, *, host: str | None = None, **details: Any) -> None:
