@@ -173,3 +173,31 @@ def test_validate_calibrate_takes_a_device_family():
     assert "calibration: 30 rows" in out.stdout
     bad = run_cli("validate", "--calibrate", "tpu", "--source", "dgxc_2024")
     assert bad.returncode == 2 and "--calibrate" in bad.stderr
+
+
+def test_a_later_batch_is_held_out_only_and_summarised_apart(tmp_path):
+    """A later batch (collected blind, to test) may not calibrate; with more than one batch the
+    held-out time rows are also summarised per batch, besides the pooled summary."""
+    import dataclasses
+
+    from trainpilot.perf.validation import Result, is_pooled
+    from trainpilot.perf.validation.sources import _source
+    from trainpilot.specs import SpecError
+
+    data = dict(name="x", title="t", citation="c", url="https://example.org", licence="l",
+                split="calibration", batch=2, metric="step_time_s", rows=[])
+    with pytest.raises(SpecError, match="held_out only"):
+        _source(data, "x.yaml")
+    with pytest.raises(SpecError, match="whole number"):
+        _source(dict(data, split="held_out", batch=0), "x.yaml")
+    cases = [c for c in source_cases() if c.batch == 1 and c.split == HELD_OUT][:6]
+    results = [Result(c, c.measured * 1.1) for c in cases] + \
+        [Result(dataclasses.replace(c, batch=2), c.measured * 1.3) for c in cases[:2]]
+    by_name = {(s.dataset, s.model_kind): s for s in summarize(results)}
+    kind = cases[0].kind
+    assert by_name[("held-out, batch 1", kind)].count == sum(c.kind == kind for c in cases)
+    blind = by_name[("held-out, batch 2 (blind)", kind)]
+    assert blind.count == sum(c.kind == kind for c in cases[:2])
+    assert abs(blind.mape - 0.3) < 1e-9 and is_pooled(blind.dataset)
+    # the batch rows carry no gate of their own (the pooled rows do)
+    assert not [line for line in failures(summarize(results)) if "batch" in line]

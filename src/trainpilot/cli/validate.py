@@ -286,7 +286,7 @@ def _print_grouped(dataset, rows) -> None:
 
 
 def _print_summary(summaries, thresholds, gates) -> None:
-    from trainpilot.perf.validation import POOLED, SOURCE_MEAN
+    from trainpilot.perf.validation import POOLED, is_pooled
 
     table = Table(title="mean and max |error| per source (held out: dense and MoE apart)",
                   title_justify="left")
@@ -312,7 +312,7 @@ def _print_summary(summaries, thresholds, gates) -> None:
                  ("met)" if s.mape <= TARGETS[s.model_kind] else "not met)"))
         else:
             gate = ""
-        name = s.dataset if s.dataset not in (POOLED, SOURCE_MEAN) else f"[bold]{s.dataset}[/]"
+        name = f"[bold]{s.dataset}[/]" if is_pooled(s.dataset) else s.dataset
         rows = f"{s.count}" + (f" (+{s.refused} refused)" if s.refused else "")
         mean = "n/a" if math.isnan(s.mape) else f"{s.mape:.1%}"
         table.add_row(name, split, kind, rows, mean,

@@ -19,10 +19,11 @@ from trainpilot.perf.validation.runner import (
     Result,
     Summary,
     failures,
+    is_pooled,
     run,
     summarize,
 )
 
 __all__ = ["DATASET_THRESHOLDS", "TARGETS", "CALIBRATION", "DEVELOPMENT", "HELD_OUT", "HELD_OUT_GATES", "POOLED", "SOURCE_MEAN",
            "SPLITS", "THRESHOLDS", "Case", "Result", "Summary", "all_cases", "failures", "run",
-           "source_cases", "summarize"]
+           "source_cases", "summarize", "is_pooled"]

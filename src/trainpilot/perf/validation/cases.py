@@ -62,6 +62,7 @@ class Case:
     options: CostOptions = NO_OPTIONS
     convention: str | None = None
     free: tuple[str, ...] = ()
+    batch: int = 1  # held-out sources: the collection they came in (sources.Source.batch)
 
     @property
     def kind(self) -> str:
@@ -210,7 +211,7 @@ def source_cases() -> list[Case]:
             out.append(Case(dataset=src.name, label=row["label"], model=model, cluster=cluster,
                             plan=plan, metric=row["metric"], convention=row["convention"],
                             measured=row["measured"], split=src.split, free=row["free"],
-                            source=src.citation))
+                            source=src.citation, batch=src.batch))
     return out
 
 

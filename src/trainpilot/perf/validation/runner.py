@@ -184,6 +184,11 @@ def _summary(dataset, split, kind, model_kind, results) -> Summary:
 
 POOLED = "all held-out"
 SOURCE_MEAN = "held-out, mean of sources"
+BATCH = "held-out, batch "  # + the batch number: the held-out time rows of one collection
+
+
+def batch_label(batch: int) -> str:
+    return f"{BATCH}{batch}" + (" (blind)" if batch > 1 else "")
 
 
 def summarize(results: list[Result]) -> list[Summary]:
@@ -210,7 +215,17 @@ def summarize(results: list[Result]) -> list[Summary]:
                 out.append(Summary(SOURCE_MEAN, HELD_OUT, "time", len(per_source),
                                    sum(means) / len(means), max(means),
                                    sum(s.bias for s in per_source) / len(per_source), mk))
+            batches = sorted({r.case.batch for r in rows})
+            if len(batches) > 1:
+                for b in batches:
+                    out.append(_summary(batch_label(b), HELD_OUT, "time", mk,
+                                        [r for r in rows if r.case.batch == b]))
     return out
+
+
+def is_pooled(dataset: str) -> bool:
+    """A summary over several held-out sources (pooled, mean of sources, one batch)."""
+    return dataset in (POOLED, SOURCE_MEAN) or dataset.startswith(BATCH)
 
 
 def failures(summaries: list[Summary], thresholds: dict[str, float] | None = None,
@@ -228,6 +243,6 @@ def failures(summaries: list[Summary], thresholds: dict[str, float] | None = Non
         if s.dataset == POOLED and s.model_kind in gates and s.mape > gates[s.model_kind]:
             out.append(f"held-out {s.model_kind} rows: mean |error| {s.mape:.1%} > "
                        f"{gates[s.model_kind]:.0%}")
-        if s.split == HELD_OUT and s.refused and s.dataset not in (POOLED, SOURCE_MEAN):
+        if s.split == HELD_OUT and s.refused and not is_pooled(s.dataset):
             out.append(f"{s.dataset}: {s.refused} row(s) refused by the cost model")
     return out

@@ -31,7 +31,7 @@ from trainpilot.specs.presets import MODELS, cluster_preset
 
 _SOURCE_KEYS = {"name", "title", "citation", "url", "licence", "split", "setup", "assumed",
                 "metric", "convention", "models", "defaults", "rows", "cluster_overrides",
-                "anchors", "param_counts"}
+                "anchors", "param_counts", "batch"}
 _ROW_KEYS = {"label", "gpus", "model", "cluster", "plan", "measured", "metric", "convention",
              "note", "free"}
 # Plan fields a source may leave to the model ("free"): the fastest value that fits is used.
@@ -52,6 +52,9 @@ class Source:
     assumed: str
     rows: tuple[dict[str, Any], ...]
     param_counts: tuple[tuple[str, int], ...] = ()  # published parameter counts per model
+    # The collection the source came in: 1, the sources the model was built beside (held out
+    # from every fit, their errors read); 2 on, collected blind and scored once (held out only).
+    batch: int = 1
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +117,13 @@ def _source(data: dict[str, Any], file: str) -> Source:
                         f"unknown key; valid keys: {', '.join(sorted(_SOURCE_KEYS))}")
     rows = tuple(_documents(data, row, f"{file}.rows[{i}]")
                  for i, row in enumerate(data["rows"]))
-    return Source(name=data["name"], title=data["title"], citation=data["citation"],
+    batch = data.get("batch", 1)
+    if not isinstance(batch, int) or batch < 1:
+        raise SpecError(f"{file}.batch", batch, "a whole number >= 1")
+    if batch > 1 and data.get("split", "held_out") != "held_out":
+        raise SpecError(f"{file}.split", data.get("split"),
+                        "a later batch is collected to test: held_out only")
+    return Source(batch=batch, name=data["name"], title=data["title"], citation=data["citation"],
                   url=data["url"], licence=data["licence"], split=data.get("split", "held_out"),
                   setup=data.get("setup", ""), assumed=data.get("assumed", ""), rows=rows,
                   param_counts=tuple(sorted((data.get("param_counts") or {}).items())))
