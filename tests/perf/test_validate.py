@@ -177,7 +177,7 @@ def test_validate_calibrate_takes_a_device_family():
 
 def test_a_later_batch_is_held_out_only_and_summarised_apart(tmp_path):
     """A later batch (collected blind, to test) may not calibrate; with more than one batch the
-    held-out time rows are also summarised per batch, besides the pooled summary."""
+    held-out time rows are also summarised and gated per batch, besides the pooled summary."""
     import dataclasses
 
     from trainpilot.perf.validation import Result, is_pooled
@@ -199,5 +199,14 @@ def test_a_later_batch_is_held_out_only_and_summarised_apart(tmp_path):
     blind = by_name[("held-out, batch 2 (blind)", kind)]
     assert blind.count == sum(c.kind == kind for c in cases[:2])
     assert abs(blind.mape - 0.3) < 1e-9 and is_pooled(blind.dataset)
-    # the batch rows carry no gate of their own (the pooled rows do)
+    # Each batch has its own regression gate besides the pooled one; negative control: batch 1
+    # over its gate fails, batch 2 at the same error does not (its gate is where it was scored).
+    from trainpilot.perf.validation.runner import BATCH_GATES
+
     assert not [line for line in failures(summarize(results)) if "batch" in line]
+    over = 0.25  # above batch 1's gates, under batch 2's
+    worse = [Result(r.case, r.case.measured * (1 + over)) for r in results]
+    lines = [line for line in failures(summarize(worse)) if "batch" in line]
+    assert lines == [f"held-out, batch 1 {k} rows: mean |error| {over:.1%} > "
+                     f"{BATCH_GATES[1][k]:.0%}"
+                     for k in ("dense", "moe") if any(c.kind == k for c in cases)], lines

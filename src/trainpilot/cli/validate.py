@@ -287,6 +287,7 @@ def _print_grouped(dataset, rows) -> None:
 
 def _print_summary(summaries, thresholds, gates) -> None:
     from trainpilot.perf.validation import POOLED, is_pooled
+    from trainpilot.perf.validation.runner import batch_gate
 
     table = Table(title="mean and max |error| per source (held out: dense and MoE apart)",
                   title_justify="left")
@@ -310,6 +311,9 @@ def _print_summary(summaries, thresholds, gates) -> None:
             gate = f"{limit:.0%} {'ok' if s.mape <= limit else 'FAIL'}" + \
                 (f" (target {TARGETS[s.model_kind]:.0%}: " +
                  ("met)" if s.mape <= TARGETS[s.model_kind] else "not met)"))
+        elif batch_gate(s) is not None:
+            limit = batch_gate(s)
+            gate = f"{limit:.0%} {'ok' if s.mape <= limit else 'FAIL'}"
         else:
             gate = ""
         name = f"[bold]{s.dataset}[/]" if is_pooled(s.dataset) else s.dataset

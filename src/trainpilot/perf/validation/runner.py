@@ -31,9 +31,12 @@ THRESHOLDS = {"time": 0.10, "memory": 0.05}
 # published), so its regression gate is 15%.
 DATASET_THRESHOLDS = {"llama3_2024": 0.15}
 # Committed gates on the held-out sources, pooled over their time rows: regression gates at the
-# errors reached (13.8% dense, 18.9% MoE), not issue 14's targets of 10% and 15%, which are not
-# met (docs/cost_model.md, "Validation").
-HELD_OUT_GATES = {"dense": 0.15, "moe": 0.20}
+# errors reached, not issue 14's targets of 10% and 15%, which are not met (docs/cost_model.md,
+# "Validation"). Pooled over every batch (27.9% dense, 84.6% MoE, once batch 2 was scored), and
+# per batch: batch 1 (13.8%, 18.9%: the sources the model was built beside) and batch 2 (78.4%,
+# 115.6%: collected blind, scored once, 2026-12-02).
+HELD_OUT_GATES = {"dense": 0.29, "moe": 0.86}
+BATCH_GATES = {1: {"dense": 0.15, "moe": 0.20}, 2: {"dense": 0.80, "moe": 1.17}}
 TARGETS = {"dense": 0.10, "moe": 0.15}
 TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
@@ -223,6 +226,14 @@ def summarize(results: list[Result]) -> list[Summary]:
     return out
 
 
+def batch_gate(s: Summary) -> float | None:
+    """The committed gate of a per-batch held-out summary (None: not one, or no gate)."""
+    if not s.dataset.startswith(BATCH):
+        return None
+    batch = int(s.dataset.removeprefix(BATCH).split()[0])
+    return BATCH_GATES.get(batch, {}).get(s.model_kind)
+
+
 def is_pooled(dataset: str) -> bool:
     """A summary over several held-out sources (pooled, mean of sources, one batch)."""
     return dataset in (POOLED, SOURCE_MEAN) or dataset.startswith(BATCH)
@@ -243,6 +254,10 @@ def failures(summaries: list[Summary], thresholds: dict[str, float] | None = Non
         if s.dataset == POOLED and s.model_kind in gates and s.mape > gates[s.model_kind]:
             out.append(f"held-out {s.model_kind} rows: mean |error| {s.mape:.1%} > "
                        f"{gates[s.model_kind]:.0%}")
+        limit = batch_gate(s)
+        if held_out is None and limit is not None and s.count and s.mape > limit:
+            out.append(f"{s.dataset} {s.model_kind} rows: mean |error| {s.mape:.1%} > "
+                       f"{limit:.0%}")
         if s.split == HELD_OUT and s.refused and not is_pooled(s.dataset):
             out.append(f"{s.dataset}: {s.refused} row(s) refused by the cost model")
     return out
