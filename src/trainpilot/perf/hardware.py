@@ -233,15 +233,32 @@ def curve_for(cluster: ClusterSpec) -> EfficiencyCurve:
                     "a roofline default from the device's peak and HBM bandwidth")
 
 
+# FP8 training (Transformer Engine, torchao float8): only the linear layers' GEMMs run in FP8;
+# attention, the LM head, the router and every elementwise kernel stay 16-bit.
+# FP8_GEMM_SHARE: an FP8 GEMM's achieved share of the FP8 peak over a 16-bit GEMM's of the
+# 16-bit peak, from two published measurements of large GEMMs on Hopper: DeepGEMM's FP8 table
+# on H800, 0.668 of the FP8 peak (the "deepgemm" class fitted in perf/serve.py), and the ~794
+# TFLOP/s maximum achievable BF16 matmul of an H100 SXM, 0.80 of its peak (Bekman,
+# ml-engineering): 0.668 / 0.80. So an FP8 GEMM is 1.67x, not 2x, its BF16 twin.
+FP8_GEMM_SHARE = 0.668 / 0.80
+# FP8_CAST_BYTES: HBM bytes per element to quantize a GEMM input (the forward's activation, the
+# backward's output gradient): Transformer Engine's fused cast-transpose reads it in 16 bits and
+# writes the row-wise and the column-wise (transposed, for the other GEMMs of the backward)
+# 8-bit copies, 2 + 1 + 1. Weights are cast once per step (TE's FP8 weight cache): not charged.
+FP8_CAST_BYTES = 4.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class Device:
-    """A device as the cost model sees it: peak for the plan's dtype, HBM, efficiency data."""
+    """A device as the cost model sees it: peaks, HBM, efficiency data."""
 
-    peak_flops: float  # dense FLOP/s for the plan's precision (at the clock a power cap allows)
+    peak_flops: float  # dense 16-bit FLOP/s (at the clock a power cap allows): attention, etc.
     hbm_bytes_per_s: float  # achieved (nominal * hbm_efficiency)
     hbm_bytes: float
     curve: EfficiencyCurve
     rated_flops: float = 0.0  # the datasheet peak (what MFU is quoted against); 0: peak_flops
+    fp8: bool = False  # the plan's linear layers run FP8 GEMMs
+    fp8_flops: float = 0.0  # their dense FP8 peak x FP8_GEMM_SHARE (at the capped clock)
 
     @property
     def nominal_flops(self) -> float:
@@ -263,15 +280,25 @@ class Device:
         """Host time to issue one collective (NCCL call and its framework wrapper)."""
         return self.curve.host_us_per_collective * 1e-6
 
-    def gemm_s(self, m: float, n: float, k: float, *, batch: float = 1.0) -> float:
-        """Seconds for ``batch`` GEMMs of (m x k) @ (k x n) in 16-bit: roofline of the
-        size-dependent compute rate and the HBM traffic. Excludes host overhead."""
+    def gemm_s(self, m: float, n: float, k: float, *, batch: float = 1.0,
+               linear: bool = False) -> float:
+        """Seconds for ``batch`` GEMMs of (m x k) @ (k x n): roofline of the size-dependent
+        compute rate and the HBM traffic. 16-bit, except a ``linear`` layer's GEMM under FP8
+        (8-bit operands at ``fp8_flops``; its inputs' quantization is ``fp8_cast_s``).
+        Excludes host overhead."""
         flops = 2.0 * m * n * k * batch
         if flops <= 0:
             return 0.0
-        compute = flops / (self.peak_flops * self.curve.gemm_efficiency(flops))
-        traffic = 2.0 * (m * k + k * n + m * n) * batch / self.hbm_bytes_per_s
+        eight = linear and self.fp8
+        peak = self.fp8_flops if eight else self.peak_flops
+        compute = flops / (peak * self.curve.gemm_efficiency(flops))
+        operand = 1.0 if eight else 2.0
+        traffic = (operand * (m * k + k * n) + 2.0 * m * n) * batch / self.hbm_bytes_per_s
         return compute if compute > traffic else traffic
+
+    def fp8_cast_s(self, elements: float) -> float:
+        """Seconds to quantize ``elements`` of a GEMM input to FP8 (0 without FP8)."""
+        return FP8_CAST_BYTES * elements / self.hbm_bytes_per_s if self.fp8 else 0.0
 
     def attention_s(self, flops: float, kernel: str = "flash2") -> float:
         """Seconds for a fused attention kernel (``kernel``: flash1, flash2 or fused) doing
@@ -291,8 +318,11 @@ def device_model(cluster: ClusterSpec, precision: str,
     """The cost model's view of ``cluster.device`` at ``precision`` (bf16/fp16/fp8)."""
     spec = cluster.device
     curve = curve or curve_for(cluster)
+    sixteen = "bf16" if precision == "fp8" else precision
     return Device(
-        peak_flops=spec.peak_flops(precision) * spec.clock_factor,
+        peak_flops=spec.peak_flops(sixteen) * spec.clock_factor,
+        fp8=precision == "fp8",
+        fp8_flops=spec.peak_flops("fp8") * spec.clock_factor * FP8_GEMM_SHARE,
         rated_flops=spec.peak_flops(precision),
         hbm_bytes_per_s=spec.hbm_gbytes_per_s * 1e9 * curve.hbm_efficiency,
         hbm_bytes=spec.hbm_gib * 2**30,

@@ -193,8 +193,11 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
 
     # Attention projections.
     for n, k in _attention_gemms(model, t):
-        fwd.add_gemm(dev.gemm_s(m, n, k))
-        bwd.add_gemm(dev.gemm_s(m, n, k), backward=True)
+        fwd.add_gemm(dev.gemm_s(m, n, k, linear=True))
+        bwd.add_gemm(dev.gemm_s(m, n, k, linear=True), backward=True)
+        if dev.fp8:  # quantize the input (forward) and the output's gradient (backward)
+            fwd.add(dev.fp8_cast_s(m * k))
+            bwd.add(dev.fp8_cast_s(m * n))
 
     # Attention core (sliding windows: fewer keys per query, ``window_factor``).
     core = Ops(host)
