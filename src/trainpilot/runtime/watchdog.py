@@ -573,7 +573,7 @@ def memcg_oom_file(pid: int, *, proc: Path = Path("/proc"), sys_fs: Path = Path(
         lines = (proc / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
         return None
-    candidates = []
+    candidates: list[Path] = []
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:

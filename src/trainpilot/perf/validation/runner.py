@@ -255,10 +255,10 @@ def failures(summaries: list[Summary], thresholds: dict[str, float] | None = Non
         if s.dataset == POOLED and s.model_kind in gates and s.mape > gates[s.model_kind]:
             out.append(f"held-out {s.model_kind} rows: mean |error| {s.mape:.1%} > "
                        f"{gates[s.model_kind]:.0%}")
-        limit = batch_gate(s)
-        if held_out is None and limit is not None and s.count and s.mape > limit:
+        batch_limit = batch_gate(s)
+        if held_out is None and batch_limit is not None and s.count and s.mape > batch_limit:
             out.append(f"{s.dataset} {s.model_kind} rows: mean |error| {s.mape:.1%} > "
-                       f"{limit:.0%}")
+                       f"{batch_limit:.0%}")
         if s.split == HELD_OUT and s.refused and not is_pooled(s.dataset):
             out.append(f"{s.dataset}: {s.refused} row(s) refused by the cost model")
     return out
