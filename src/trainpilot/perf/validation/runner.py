@@ -32,12 +32,13 @@ THRESHOLDS = {"time": 0.10, "memory": 0.05}
 DATASET_THRESHOLDS = {"llama3_2024": 0.15}
 # Committed gates on the held-out sources, pooled over their time rows: regression gates at the
 # errors reached, not issue 14's targets of 10% and 15%, which are not met (docs/cost_model.md,
-# "Validation"). Pooled over every batch (19.1% dense, 57.8% MoE), and per batch: batch 1
-# (13.8%, 16.5%: the sources the model was built beside) and batch 2 (collected blind, scored
-# once on 2026-12-02 at 78.4% and 115.6%; 38.0% and 77.3% after the FP8 pricing that its errors
-# led to, so no longer blind).
-HELD_OUT_GATES = {"dense": 0.20, "moe": 0.59}
-BATCH_GATES = {1: {"dense": 0.15, "moe": 0.18}, 2: {"dense": 0.39, "moe": 0.78}}
+# "Validation"). Pooled over every batch (16.3% dense, 44.4% MoE), and per batch: batch 1
+# (13.8%, 16.5%: the sources the model was built beside); batch 2 (collected blind, scored once
+# on 2026-12-02 at 78.4% and 115.6%; 38.0% and 77.3% after the FP8 pricing its errors led to,
+# so no longer blind); batch 3 (collected blind after that change, scored once: 6.1%, 22.8%).
+HELD_OUT_GATES = {"dense": 0.17, "moe": 0.45}
+BATCH_GATES = {1: {"dense": 0.15, "moe": 0.18}, 2: {"dense": 0.39, "moe": 0.78},
+               3: {"dense": 0.07, "moe": 0.24}}
 TARGETS = {"dense": 0.10, "moe": 0.15}
 TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
