@@ -311,8 +311,8 @@ def _print_summary(summaries, thresholds, gates) -> None:
             gate = f"{limit:.0%} {'ok' if s.mape <= limit else 'FAIL'}" + \
                 (f" (target {TARGETS[s.model_kind]:.0%}: " +
                  ("met)" if s.mape <= TARGETS[s.model_kind] else "not met)"))
-        elif batch_gate(s) is not None:
-            limit = batch_gate(s)
+        elif (batch_limit := batch_gate(s)) is not None:
+            limit = batch_limit
             gate = f"{limit:.0%} {'ok' if s.mape <= limit else 'FAIL'}"
         else:
             gate = ""
