@@ -22,9 +22,13 @@ def test_final_loss_and_target_step_from_half_the_curve():
     t, truth, y = noisy_power_law()
     fc = ConvergenceForecaster(total_steps=T).forecast(t[:1000], y[:1000], target_loss=1.6)
     assert fc.model == "power_law" and fc.made_at_step == 1000
-    assert abs(fc.final_loss - truth[-1]) / truth[-1] < 0.01
+    # Measured 1.4 %: only the recent half seen (steps 500-1000) is fitted (SKIP_FRAC), which
+    # costs a curve that is the law from step 1 and pays on real curves (their early transient).
+    assert abs(fc.final_loss - truth[-1]) / truth[-1] < 0.02
     true_target = int(np.argmax(truth <= 1.6)) + 1  # step 1789, where the curve is flat
-    assert abs(fc.target_step - true_target) / true_target < 0.15  # measured: 1616 (-10 %)
+    # Measured 1340 (-25 %; 1616 when the whole curve was fitted): 1.4 % on the loss moves the
+    # step where a flat curve crosses the target by a quarter.
+    assert abs(fc.target_step - true_target) / true_target < 0.3
     assert fc.target_lo <= fc.target_step <= fc.target_hi
     assert fc.band[0][1] <= fc.band[0][2] <= fc.band[0][3] and fc.band[-1][0] == T
 
@@ -60,7 +64,7 @@ def test_schedule_aware_model_reduces_to_the_plain_law_at_constant_lr():
     t, truth, y = noisy_power_law()
     fc = ConvergenceForecaster(total_steps=T, lr_at=lambda s: 1e-3).forecast(t[:1000], y[:1000])
     # S2 = 0: no annealing to identify, so the plain law (in steps, which S1 equals here).
-    assert fc.model == "power_law" and abs(fc.final_loss - truth[-1]) / truth[-1] < 0.01
+    assert fc.model == "power_law" and abs(fc.final_loss - truth[-1]) / truth[-1] < 0.02
 
 
 def cosine_lr(s: int) -> float:
@@ -116,3 +120,20 @@ def test_too_few_points_and_bad_arguments():
         ConvergenceForecaster(total_steps=1)
     with pytest.raises(SpecError):
         ConvergenceForecaster(total_steps=10, interval=1.5)
+
+
+def test_the_recent_half_is_fitted_so_an_early_transient_does_not_bend_the_law():
+    # A fast early drop (warm-up, the unigram phase) over a slower power law with no floor in
+    # sight, as real short runs show: fitted whole, the saturating law reads the transient's end
+    # as the approach to a floor and forecasts too high.
+    t = np.arange(1, T + 1)
+    rng = np.random.default_rng(5)
+    truth = 3.0 * t ** -0.15 + 2.5 * np.exp(-t / 60.0)
+    y = truth * np.exp(rng.normal(0, 0.01, T))
+    recent = ConvergenceForecaster(total_steps=T).forecast(t[:1000], y[:1000])
+    whole = ConvergenceForecaster(total_steps=T, skip_frac=0.05).forecast(t[:1000], y[:1000])
+    err_recent = abs(recent.final_loss - truth[-1]) / truth[-1]
+    err_whole = abs(whole.final_loss - truth[-1]) / truth[-1]
+    print(f"recent half {err_recent:.4f}, whole curve {err_whole:.4f}")
+    assert err_recent < 0.01
+    assert err_whole > 2 * err_recent  # negative control: fitting the transient costs accuracy
