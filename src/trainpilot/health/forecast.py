@@ -19,8 +19,9 @@ block bootstrap of the fit's residuals (blocks keep their autocorrelation), ``nu
 refits, percentile interval; where the shipped calibration table
 (``data/forecast_calibration.json``, fitted by ``benchmarks/forecast_coverage.py --calibrate`` on
 curves of real text) covers the model, the interval is instead the point forecast times
-``exp([q_lo, q_hi])``, a Student-t prediction interval of log(truth / forecast) at the same
-fraction of the run seen (a bootstrap of the fit's residuals cannot see the error of the
+``exp([q_lo, q_hi])``, a random-effects prediction interval of log(truth / forecast) at the
+same fraction of the run seen, for a new run of a new set of runs (sets of other sizes, LRs and
+seeds differ by more than runs within a set; a bootstrap of the fit's residuals cannot see the error of the
 functional form, so it was overconfident: 3 of 6 and 0 of 6 covered on real curves). With a
 known schedule both laws are fitted; the schedule-aware one is used only when its BIC is lower
 by more than ``BIC_STRONG``. Forecasts
