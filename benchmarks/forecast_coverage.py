@@ -15,7 +15,7 @@ training loss is close to a held-out loss. A first version read the text in file
 then followed which file was being read, not learning, and no forecast can be judged on that).
 AdamW (0.9, 0.95), 500 steps, 25 warm-up steps.
 
-Five sets, apart by configuration, not only by seed:
+Six sets, apart by configuration, not only by seed:
 - development, part 1 (12 runs, ``forecast_text_curves.json``): 2 sizes (2L-d64, 3L-d96) x
   peak LR (1e-3, 3e-3) x schedule (cosine to 10 %, constant, linear to 0), data order 1234,
   init seed 0. (Until 2026-12-01 its odd half was the test set; its misses were read.)
@@ -36,10 +36,16 @@ Five sets, apart by configuration, not only by seed:
   3.59 % at half the run, met; 20 of 36 covered, missed: its runs sat +3 % where the
   development runs sat -2 %, and an interval from the pooled runs cannot see a shift between
   sets); seen since, so development now.
-- test (12 runs, ``forecast_text_curves_test4.json``): 2L-d96, 5L-d128 x 1.2e-3, 3.5e-3 x
-  (cosine to 10 %, linear to 0, warm-up-stable-decay), data order 1357, init seed 4: sizes,
-  peak LRs and seeds no development run has. Trained before the random-effects interval was
-  written, not looked at, and scored once after it was fixed.
+- development, part 5 (12 runs, ``forecast_text_curves_test4.json``): 2L-d96, 5L-d128 x
+  1.2e-3, 3.5e-3 x (cosine to 10 %, linear to 0, warm-up-stable-decay), data order 1357, init
+  seed 4. The test set of 2026-12-02's second revision (the random-effects interval, from 4
+  sets; scored once: 5.43 % at half the run, 34 of 36 covered: both missed, narrowly); seen
+  since, so development now.
+- test (12 runs, ``forecast_text_curves_test5.json``): 3L-d112, 4L-d80 x 9e-4, 2.8e-3 x
+  (cosine to 10 %, cosine to 0, warm-up-stable-decay), data order 8642, init seed 5: sizes,
+  peak LRs and seeds no development run has. Trained while the method stayed as it was at the
+  previous test; the interval table refitted from the 5 development sets by the same code;
+  scored once.
 
 Scoring, as issue 17 asks: at 25 / 50 / 75 % of each run the forecaster sees the curve so far and
 predicts the loss at the last step; truth = the mean loss of the last 2 % of steps. Reported per
@@ -111,9 +117,14 @@ def dev4_runs() -> list[dict]:
                  ("cosine", "cosine0", "wsd"), data_seed=2468, init_seed=3)
 
 
-def held_out_runs() -> list[dict]:
+def dev5_runs() -> list[dict]:
     return _grid([_size("2L-d96", 2, 96), _size("5L-d128", 5, 128)], (1.2e-3, 3.5e-3),
                  ("cosine", "linear", "wsd"), data_seed=1357, init_seed=4)
+
+
+def held_out_runs() -> list[dict]:
+    return _grid([_size("3L-d112", 3, 112), _size("4L-d80", 4, 80)], (9e-4, 2.8e-3),
+                 ("cosine", "cosine0", "wsd"), data_seed=8642, init_seed=5)
 
 
 def _set_of(run: dict) -> str:
@@ -285,13 +296,15 @@ def main() -> int:
     parser.add_argument("--calibrate-only", action="store_true",
                         help="with --calibrate: stop after the table (no test curves needed)")
     args = parser.parse_args()
-    dev1, dev2, dev3, dev4 = dev_runs(), dev2_runs(), dev3_runs(), dev4_runs()
+    dev1, dev2, dev3, dev4, dev5 = (dev_runs(), dev2_runs(), dev3_runs(), dev4_runs(),
+                                    dev5_runs())
     test = held_out_runs()
-    dev = dev1 + dev2 + dev3 + dev4
+    dev = dev1 + dev2 + dev3 + dev4 + dev5
     curves = _load_or_train(RESULTS / "forecast_text_curves.json", dev1, not args.from_curves)
     for name, part in (("forecast_text_curves_test.json", dev2),
                        ("forecast_text_curves_test2.json", dev3),
-                       ("forecast_text_curves_test3.json", dev4)):
+                       ("forecast_text_curves_test3.json", dev4),
+                       ("forecast_text_curves_test4.json", dev5)):
         curves.update(_load_or_train(RESULTS / name, part, not args.from_curves))
     if args.calibrate:
         raw = [row for r in dev for row in forecasts(r, curves[r["name"]], calibration=False)]
@@ -299,7 +312,7 @@ def main() -> int:
         fc_mod.load_calibration.cache_clear()
     if args.calibrate_only:
         return 0
-    curves.update(_load_or_train(RESULTS / "forecast_text_curves_test4.json", test,
+    curves.update(_load_or_train(RESULTS / "forecast_text_curves_test5.json", test,
                                  not args.from_curves))
     lines = ["convergence forecast on byte-level GPTs trained on the Python standard library",
              f"{STEPS} steps per run; development runs (model choices and the interval table): "
