@@ -159,6 +159,133 @@ def test_throughput_drift_in_metric_lines(drop, expected):
     assert result.category == expected, result.root_cause
 
 
+def _ds_overflow(attempted, new, sec):
+    # deepspeed/runtime/fp16/loss_scaler.py (update_scale)'s message, as logger.info prints it.
+    return (f"[2024-06-03 12:{sec // 60:02d}:{sec % 60:02d},000] [INFO] [loss_scaler.py:183:"
+            f"update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: "
+            f"{attempted}, reducing to {new}\n")
+
+
+def _fairseq_overflow(scale, sec):
+    # fairseq/trainer.py logs the OverflowError of fairseq/optim/dynamic_loss_scaler.py.
+    return (f"2024-06-03 12:{sec // 60:02d}:{sec % 60:02d} | INFO | fairseq.trainer | NOTE: "
+            f"gradient overflow detected, ignoring gradient, setting loss scale to: {scale}\n")
+
+
+def _megatron(it, scale, skipped, nan=0):
+    # megatron/training/training.py (training_log)'s iteration line.
+    return (f" iteration {it:8d}/  500000 | consumed samples: {it * 512:12d} | elapsed time per "
+            f"iteration (ms): 4247.9 | learning rate: 3.000000E-04 | global batch size:   512 | "
+            f"lm loss: 2.381234E+00 | loss scale: {scale:.1f} | grad norm: 0.812 | number of "
+            f"skipped iterations: {skipped:3d} | number of nan iterations: {nan:3d} |\n")
+
+
+def test_repeated_loss_scale_overflow_is_numerical_and_calibration_is_not():
+    # DeepSpeed at start-up halves the scale from 2**32 many times: normal, not a failure.
+    calibration = "".join(_ds_overflow(2 ** (32 - i), 2 ** (31 - i), i) for i in range(16))
+    assert DIAGNOSER.diagnose_texts({"a.log": calibration}).category == "unknown"
+    # The scaler at its floor and still overflowing: the step DeepSpeed raises on next time.
+    floor = calibration + _ds_overflow(1, 1, 100)
+    result = DIAGNOSER.diagnose_texts({"a.log": floor})
+    assert result.category == "numerical" and result.evidence.startswith("a.log:17: ")
+    assert "minimum" in result.root_cause
+    # fairseq: back-offs to 2 and 1 then training goes on (fairseq's own FSDP example log): fine.
+    healthy = _fairseq_overflow(2.0, 1) + _fairseq_overflow(1.0, 2)
+    assert DIAGNOSER.diagnose_texts({"a.log": healthy}).category == "unknown"
+    # Three back-offs in a row that take the scale below 1: the overflow is not going away.
+    collapse = "".join(_fairseq_overflow(2.0 ** (1 - i), i) for i in range(5))
+    result = DIAGNOSER.diagnose_texts({"a.log": collapse})
+    assert result.category == "numerical" and result.evidence.startswith("a.log:3: ")
+    # apex amp's message, same rule.
+    apex = "".join(f"Gradient overflow.  Skipping step, loss scaler 0 reducing loss scale to "
+                   f"{2.0 ** (2 - i)}\n" for i in range(6))
+    assert DIAGNOSER.diagnose_texts({"a.log": apex}).category == "numerical"
+    # A growth between back-offs breaks the run: 0.5 -> 0.25, regrown, 0.5 -> 0.25 ... is no streak.
+    regrown = "".join(_ds_overflow(a, n, i) for i, (a, n) in
+                      enumerate([(1.0, 0.5), (0.5, 0.25), (0.5, 0.25), (0.5, 0.25)]))
+    assert DIAGNOSER.diagnose_texts({"a.log": regrown}).category == "unknown"
+
+
+def test_deepspeed_skipped_steps_and_megatron_floor_lines():
+    progress = "".join(f"[2024-06-03 12:{i:02d}:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] "
+                       f"step={i * 100}, skipped={{}}, lr=[0.0001], mom=[(0.9, 0.999)]\n"
+                       for i in range(1, 11))
+    healthy = progress.format(*[min(20, 10 * i) for i in range(1, 11)])
+    assert DIAGNOSER.diagnose_texts({"a.log": healthy}).category == "unknown"
+    failing = progress.format(*[20, 20, 20, 20, 20, 100, 180, 260, 340, 420])
+    result = DIAGNOSER.diagnose_texts({"a.log": failing})
+    assert result.category == "numerical" and result.evidence.startswith("a.log:6: ")
+    # Megatron-LM: bf16 runs print loss scale 1.0 with nothing skipped (negative control); fp16
+    # start-up skips at high scales; at the floor (1.0) and still skipping is a collapse.
+    bf16 = "".join(_megatron(10 * i, 1.0, 0) for i in range(1, 30))
+    start = "".join(_megatron(10 * i, 2.0 ** (30 - i) if i < 5 else 65536.0, 3 if i < 5 else 0)
+                    for i in range(1, 30))
+    assert DIAGNOSER.diagnose_texts({"a.log": bf16}).category == "unknown"
+    assert DIAGNOSER.diagnose_texts({"a.log": start}).category == "unknown"
+    floor = start + _megatron(300, 1.0, 10) + _megatron(310, 1.0, 10)
+    result = DIAGNOSER.diagnose_texts({"a.log": floor})
+    assert result.category == "numerical" and result.evidence.startswith("a.log:31: ")
+    # Its NaN-iteration counter: 0 is healthy, >= 1 means the loss itself was NaN/inf.
+    nan = bf16 + _megatron(300, 1.0, 2, nan=2)
+    result = DIAGNOSER.diagnose_texts({"a.log": nan})
+    assert result.category == "numerical" and result.evidence.startswith("a.log:30: ")
+
+
+def test_a_suffixed_loss_field_is_read_for_nan_and_the_loss_scale_is_not_a_loss():
+    bar = ("Epoch 3:  45%|####5     | 450/1000 [01:23<01:40,  5.40it/s, v_num=0, "
+           "train_loss_step={}]\n")
+    assert DIAGNOSER.diagnose_texts({"a.log": bar.format("nan")}).category == "numerical"
+    assert DIAGNOSER.diagnose_texts({"a.log": bar.format("0.412")}).category == "unknown"
+    assert DIAGNOSER.diagnose_texts({"a.log": '{"loss_scale": "inf"}\n'}).category == "unknown"
+
+
+def test_stack_dumps_in_collectives_are_a_hang_but_tracebacks_are_not():
+    # py-spy dump ("    name (file:line)") and faulthandler ('File "f", line N in name').
+    for line in ("    barrier (torch/distributed/distributed_c10d.py:4166)",
+                 '  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/'
+                 'distributed_c10d.py", line 2501 in all_reduce',
+                 "#4  0x00007f3a6c2b1d4e in bootstrapAllGather (commState=0x55d1c0, allData=0x7f,"
+                 " size=64) at bootstrap.cc:1052"):
+        assert DIAGNOSER.diagnose_texts({"a.log": line + "\n"}).category == "hang", line
+    # Negative controls: an exception's traceback frame (", in"), NCCL's own INFO lines.
+    for line in ('  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/'
+                 'distributed_c10d.py", line 2501, in all_reduce',
+                 "node1:1234:1300 [0] NCCL INFO ncclCommInitRank comm 0x55d1c0 rank 0 nranks 16 "
+                 "cudaDev 0 busId 18000 commId 0x6c1a - Init COMPLETE",
+                 "node1:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>",
+                 "node1:1234:1300 [0] NCCL INFO Channel 00/0 : 0[0] -> 2[2] via P2P/IPC"):
+        assert DIAGNOSER.diagnose_texts({"a.log": line + "\n"}).category == "unknown", line
+
+
+HEALTHY_JOB = """\
+node1:1234:1234 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>
+node1:1234:1300 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:10.0.0.1<0>
+node1:1234:1300 [0] NCCL INFO Channel 00/0 : 8[0] -> 0[0] [receive] via NET/IB/0/GDRDMA
+node1:1234:1300 [0] NCCL INFO Trees [0] 1/8/-1->0->-1 [1] 1/-1/-1->0->8
+node1:1234:1300 [0] NCCL INFO ncclCommInitRank comm 0x55d1c0 rank 0 nranks 16 cudaDev 0 busId 18000 \
+commId 0x6c1a - Init COMPLETE
+[2024-06-03 12:00:18,030] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 \
+Skipping step. Attempted loss scale: 65536, reducing to 32768
+[2024-06-03 12:00:19,030] [INFO] [loss_scaler.py:190:update_scale] [deepspeed] OVERFLOW! Rank 0 \
+Skipping step. Attempted loss scale: 32768, but hysteresis is 2. Reducing hysteresis to 1
+[2024-06-03 12:01:05,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=20, skipped=3, lr=[0.0001]
+{'loss': 0.4123, 'grad_norm': 1.53, 'learning_rate': 9.9e-06, 'epoch': 0.2}
+Epoch 3: 100%|##########| 1000/1000 [03:05<00:00,  5.40it/s, v_num=0, train_loss_step=0.412]
+Metric val_loss improved by 0.012 >= min_delta = 0.0. New best score: 0.401
+  File "/opt/conda/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 2501, in \
+all_reduce
+ssh: connect to host node2 port 22: Connection refused
+[1] 48211
+"""
+
+
+def test_the_source_grounded_patterns_leave_a_healthy_job_alone():
+    # NCCL init lines, a start-up overflow and a hysteresis step, progress and metric lines, an
+    # exception frame in distributed_c10d, an unrelated connect failure, a shell job number.
+    result = DIAGNOSER.diagnose_texts({"job.log": HEALTHY_JOB})
+    assert result.category == "unknown", [(m.pattern_id, m.text) for m in result.matches]
+
+
 def test_a_hardware_cause_outranks_a_nan_in_the_metrics():
     text = _steps([4.1, "nan"]) + "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n"
     assert DIAGNOSER.diagnose_texts({"a.log": text}).category == "gpu_hardware"
@@ -183,10 +310,13 @@ def test_corpus_accuracy_and_its_negative_control():
 
     report = validate()
     ok, total = report.accuracy("authoring")
-    # Patterns were written against these; the four left are logs with no error line (two that
-    # simply stop, an nvidia-smi table of a hung job) and three step-time lines of a slowing run.
+    # Patterns were written against batches 1-3's; the four left are logs with no error line (two
+    # that simply stop, an nvidia-smi table of a hung job) and three step-time lines of a slowing
+    # run. Batch 4's two (a hang's stack, a `size mismatch` in user code) are as scored blind:
+    # no pattern was written from them.
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
-    assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "mmdetection-99"}, misses
+    assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "mmdetection-99",
+                      "marin-7344", "gym-duckietown-125"}, misses
     held, n = report.accuracy("held_out")
     # A regression floor at the measured level (docs/health.md), not the 90 % target.
     assert held / n >= HELD_OUT_GATE, report.to_dict()["misses"]

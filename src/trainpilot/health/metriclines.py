@@ -8,17 +8,35 @@ Megatron-LM, torchtitan, Hugging Face, ...). :class:`MetricScanner` reads them f
 lower-cased chunks of one file, in order:
 
 - **non-finite**: a ``loss`` or ``grad norm`` field whose value is ``nan`` or ``inf`` (the first
-  such line is the evidence; a ``number of nan iterations`` counter is not such a field);
+  such line is the evidence; a ``number of nan iterations`` counter is not such a field, it is
+  read on its own, below);
 - **loss spike**: a loss more than ``SPIKE_RATIO`` (2x) the median of the ``SPIKE_WINDOW`` (20)
   losses before it and more than ``SPIKE_Z`` (8) robust deviations above it, once 20 losses are
   known (evaluation losses, ``val``/``eval``/``test``, are not part of the series);
+- **loss-scale collapse** (fp16 dynamic loss scaling): the overflow messages of DeepSpeed
+  (``[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 8, reducing to 4``,
+  ``fp16 dynamic loss scale overflow! ... reducing to``), apex amp (``Gradient overflow.  Skipping
+  step, loss scaler 0 reducing loss scale to 0.5``) and fairseq (``overflow detected, setting loss
+  scale to: 0.25``) report each back-off. One overflow, or a run of them while the scale calibrates
+  down from 2**32 at start-up, is normal. Flagged: ``OVERFLOW_STREAK`` (3) back-offs in a row (no
+  growth between them) that drive the scale below 1 (below the minimum DeepSpeed and Megatron-LM
+  allow by default), or an overflow at a scale that can no longer be lowered (DeepSpeed's
+  ``Attempted loss scale: 1, reducing to 1``: the scaler is at its floor). Also flagged: DeepSpeed's
+  ``step=N, skipped=S`` progress lines once more than ``SKIP_CALIBRATION`` (64) steps were skipped
+  and at least half of the steps since the previous such line (>= 10) were skipped; and
+  Megatron-LM iteration lines at ``loss scale`` <= 1 (its default minimum) that still skipped
+  iterations, in ``FLOOR_LINES`` (2) lines;
+- **non-finite** also covers a suffixed loss field (Lightning's ``train_loss_step=nan``) and
+  Megatron-LM's ``number of nan iterations: N`` with N >= 1 (the loss of a skipped iteration was
+  NaN or inf);
 - **throughput drift**: over a series of at least ``DRIFT_MIN_POINTS`` (80) throughput (or time
   per step) values, the median of the last quarter at least ``DRIFT_FRACTION`` (4 %) worse than
   the median of the first quarter (after the first ``DRIFT_SKIP`` warm-up points), with at least
   75 % of the last quarter's values worse than that first median (a drift, not noise).
 
 Each finding is a line (number, text) with what it concludes; the diagnoser ranks it with the
-pattern matches (non-finite and spikes: ``numerical``; drift: ``straggler``, a symptom).
+pattern matches (non-finite, spikes and loss-scale collapse: ``numerical``; drift: ``straggler``, a
+symptom).
 """
 
 from __future__ import annotations
@@ -30,12 +48,41 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SPIKE_RATIO, SPIKE_Z, SPIKE_WINDOW = 2.0, 8.0, 20
+OVERFLOW_STREAK, SKIP_CALIBRATION, SKIP_FRACTION, SKIP_MIN_STEPS, FLOOR_LINES = 3, 64, 0.5, 10, 2
 DRIFT_FRACTION, DRIFT_MIN_POINTS, DRIFT_SKIP, DRIFT_CONSISTENCY = 0.04, 80, 5, 0.75
 _NUM = rb"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|[-+]?inf(?:inity)?)"
 # On the lower-cased bytes of a chunk. Each starts with a literal so that `re` scans for it at
 # C speed; what precedes is checked after a match.
 LOSS = re.compile(rb"loss(?:es)?[\"']?\s*(?:[:=]\s*|\s+)[\"']?" + _NUM + rb"(?![a-z0-9])")
 GRAD_NONFINITE = re.compile(rb"norm[\"']?\s*(?:[:=]\s*|\s+)[\"']?(nan|[-+]?inf(?:inity)?)(?![a-z0-9])")
+# A loss field with a suffix (Lightning's ``train_loss_step=nan`` / ``loss_epoch``, ``loss_avg``):
+# read for non-finite values only (not part of the loss series); the loss scale is not a loss.
+LOSS_SUFFIX_NONFINITE = re.compile(rb"loss_(?!scale)[a-z0-9_]{1,16}[\"']?\s*[:=]\s*[\"']?"
+                                   rb"(nan|[-+]?inf(?:inity)?)(?![a-z0-9])")
+# fp16 loss-scale back-offs (lower case). DeepSpeed deepspeed/runtime/fp16/loss_scaler.py
+# (update_scale: "[deepspeed] OVERFLOW! Rank {r} Skipping step. Attempted loss scale: {cur},
+# reducing to {next}") and fused_optimizer.py / unfused_optimizer.py ("[deepspeed] fp16 dynamic
+# loss scale overflow! Skipping step. Attempted loss scale: {prev}, reducing to {cur}"); apex
+# apex/amp/handle.py ("Gradient overflow.  Skipping step, loss scaler {id} reducing loss scale to
+# {s}") and apex/fp16_utils/fp16_optimizer.py ("... Skipping step, reducing loss scale to {s}");
+# fairseq fairseq/optim/dynamic_loss_scaler.py (OverflowError "setting loss scale to: {s}", logged
+# by fairseq/trainer.py as "NOTE: gradient overflow detected, ignoring gradient, setting loss scale
+# to: {s}"; older "| WARNING: overflow detected, setting loss scale to: {s}") and
+# fairseq/optim/amp_optimizer.py ("AMP: overflow detected, setting scale to to {s}").
+_SCALE = rb"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?)"
+OVERFLOW = re.compile(rb"overflow[^\n]{0,160}?(?:attempted loss scale:\s*" + _SCALE
+                      + rb",\s*)?(?:reducing (?:loss scale )?to|setting (?:loss )?scale to:?"
+                        rb"(?: to)?)\s*" + _SCALE)
+# DeepSpeed deepspeed/runtime/engine.py (_report_progress): "step={step}, skipped={skipped_steps},
+# lr=..., mom=...".
+DS_PROGRESS = re.compile(rb"step=(\d+), skipped=(\d+)")
+# Megatron-LM megatron/training/training.py (training_log): "... loss scale: {:.1f} | ... number of
+# skipped iterations: {:3d} | number of nan iterations: {:3d} |".
+# Both match only lines with a count >= 1, so healthy iteration lines (a run prints one a step)
+# are skipped at C speed instead of reaching the loops below.
+# One scan for both counters (a literal first); the loss scale is then read on the line.
+MEGATRON_COUNTS = re.compile(rb"number of (skipped|nan) iterations:\s*([1-9]\d*)")
+MEGATRON_SCALE = re.compile(rb"loss scale:\s*" + _SCALE + rb"\s*\|")
 THROUGHPUT = (  # (regex, literal first; higher is better)
     (re.compile(rb"tokens?(?:/s| per sec(?:ond)?|_per_s(?:ec)?)[\"']?\s*[:=]?\s*([\d,]+(?:\.\d+)?)"),
      True),
@@ -90,7 +137,7 @@ def _locate(chunk, pos: int) -> tuple[int, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class MetricFinding:
-    kind: str  # "non_finite", "loss_spike", "throughput_drift"
+    kind: str  # "non_finite", "loss_spike", "loss_scale_collapse", "throughput_drift"
     line_no: int
     text: str
     detail: str
@@ -107,6 +154,11 @@ class MetricScanner:
     first_nonfinite: MetricFinding | None = None
     _spikes: list[MetricFinding] = field(default_factory=list)
     _last_line: dict[int, tuple[int, str]] = field(default_factory=dict)
+    scale_collapse: MetricFinding | None = None
+    _streak: int = 0
+    _last_scale: float | None = None
+    _last_progress: tuple[int, int] | None = None
+    _floor_lines: int = 0
 
     def feed(self, chunk) -> None:
         """One chunk (``logscan.Chunk``), in file order."""
@@ -118,13 +170,14 @@ class MetricScanner:
             if not self._spikes:
                 self._spike_candidates(values, chunk)
             self.losses.extend(values.tolist())
-        if self.first_nonfinite is None:
-            m = GRAD_NONFINITE.search(low)
-            if m is not None:
-                line_no, text = _locate(chunk, m.start())
-                self.first_nonfinite = MetricFinding(kind="non_finite", line_no=line_no,
-                                                     text=text, detail="grad norm is "
-                                                     + m.group(1).decode())
+        want_nan = (self.first_nonfinite is None
+                    or self.first_nonfinite.line_no >= chunk.first_line)
+        counts = ([(m.group(1), m.start(), int(m.group(2))) for m in MEGATRON_COUNTS.finditer(low)]
+                  if want_nan or self.scale_collapse is None else [])
+        if want_nan:
+            self._other_nonfinite(chunk, [c for c in counts if c[0] == b"nan"])
+        if self.scale_collapse is None:
+            self._loss_scale(chunk, [c for c in counts if c[0] == b"skipped"])
         sample = low[:THROUGHPUT_SAMPLE_BYTES]
         for index, (regex, _) in enumerate(THROUGHPUT):
             found = regex.findall(sample)
@@ -136,6 +189,78 @@ class MetricScanner:
             last = _nth(regex, sample, len(found) - 1, start=max(0, len(sample) - 8192))
             if last is not None:
                 self._last_line[index] = _locate(chunk, last.start())
+
+    def _other_nonfinite(self, chunk, nan_counts: list[tuple[bytes, int, int]]) -> None:
+        """A NaN/inf grad norm or suffixed loss field, or Megatron-LM's NaN-iteration counter, in
+        this chunk; the earliest line wins (also over a NaN loss this chunk already gave)."""
+        low = chunk.low
+        found: list[tuple[int, str]] = []
+        for regex, what in ((GRAD_NONFINITE, "grad norm"), (LOSS_SUFFIX_NONFINITE, "loss")):
+            m = regex.search(low)
+            if m is not None:
+                found.append((m.start(), f"{what} is {m.group(1).decode()}"))
+        if nan_counts:
+            _, pos, count = nan_counts[0]
+            found.append((pos, f"Megatron-LM counted {count} iteration(s) whose loss was NaN "
+                               "or inf"))
+        if not found:
+            return
+        pos, detail = min(found)
+        line_no, text = _locate(chunk, pos)
+        if self.first_nonfinite is None or line_no < self.first_nonfinite.line_no:
+            self.first_nonfinite = MetricFinding(kind="non_finite", line_no=line_no, text=text,
+                                                 detail=detail)
+
+    def _loss_scale(self, chunk, skipped_counts: list[tuple[bytes, int, int]]) -> None:
+        """The loss-scale rules (module docstring) over one chunk's overflow, DeepSpeed progress
+        and Megatron-LM iteration lines, in file order."""
+        low = chunk.low
+        if b"overflow" in low:
+            for m in OVERFLOW.finditer(low):
+                attempted = float(m.group(1)) if m.group(1) else None
+                new = float(m.group(2))
+                prev = self._last_scale
+                if prev is not None and new <= prev and (attempted is None or attempted == prev):
+                    self._streak += 1
+                else:
+                    self._streak = 1
+                self._last_scale = new
+                if attempted is not None and attempted == new:
+                    why = (f"an overflow at loss scale {new:g}, which the scaler can no longer "
+                           "lower (it is at its minimum)")
+                elif new < 1 and self._streak >= OVERFLOW_STREAK:
+                    why = (f"{self._streak} overflow back-offs in a row drove the loss scale "
+                           f"down to {new:g}")
+                else:
+                    continue
+                self._collapse(chunk, m.start(), why)
+                return
+        if b"skipped=" in low:
+            for m in DS_PROGRESS.finditer(low):
+                step, skipped = int(m.group(1)), int(m.group(2))
+                prev_progress, self._last_progress = self._last_progress, (step, skipped)
+                if prev_progress is None or skipped <= SKIP_CALIBRATION:
+                    continue
+                d_step, d_skip = step - prev_progress[0], skipped - prev_progress[1]
+                if d_step >= SKIP_MIN_STEPS and d_skip >= SKIP_FRACTION * d_step:
+                    self._collapse(chunk, m.start(), f"{d_skip} of the {d_step} steps up to step "
+                                   f"{step} were skipped for overflow ({skipped} in all)")
+                    return
+        for _, pos, _ in skipped_counts:
+            line_start = low.rfind(b"\n", 0, pos) + 1
+            scale = MEGATRON_SCALE.search(low, line_start, pos)
+            if scale is not None and float(scale.group(1)) <= 1:
+                self._floor_lines += 1
+                if self._floor_lines >= FLOOR_LINES:
+                    self._collapse(chunk, scale.start(), "iterations are still skipped at loss "
+                                   f"scale {float(scale.group(1)):g}, Megatron-LM's default "
+                                   "minimum")
+                    return
+
+    def _collapse(self, chunk, pos: int, why: str) -> None:
+        line_no, text = _locate(chunk, pos)
+        self.scale_collapse = MetricFinding(kind="loss_scale_collapse", line_no=line_no,
+                                            text=text, detail=why)
 
     def _nonfinite(self, what: str, regex, values, chunk) -> None:
         bad = np.flatnonzero(~np.isfinite(values))
@@ -187,6 +312,7 @@ class MetricScanner:
     # ------------------------------------------------------------------ verdicts
     def findings(self) -> list[MetricFinding]:
         out = [self.first_nonfinite] if self.first_nonfinite else []
+        out += [self.scale_collapse] if self.scale_collapse else []
         out += self._spikes[:1]
         drift = self._drift()
         if drift:
