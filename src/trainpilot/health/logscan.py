@@ -253,12 +253,8 @@ class Prefilter:
 
             # Leftmost-longest, non-overlapping: enough to find the lines (the diagnoser then
             # checks which patterns' triggers each candidate line holds).
-            # The DFA: twice as fast over a log as the default (contiguous NFA) with the 400
-            # triggers of the shipped library (22 ms against 45 per 8 MB); it costs memory and
-            # build time once per command.
             self._ac = ahocorasick_rs.BytesAhoCorasick(
-                encoded, matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST,
-                implementation=ahocorasick_rs.Implementation.DFA)
+                encoded, matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST)
             self._re = None
         except ImportError:  # pragma: no cover - the dependency is declared
             self._ac = None
