@@ -235,7 +235,7 @@ class Diagnoser:
         # mapped to its patterns. Testing every pattern's triggers one by one cost 0.3 ms a
         # line, and a trigger as common as a Megatron iteration line's makes most lines
         # candidates: 5 MB/s where the automaton keeps 50+.
-        self._trigger_list = sorted({t for ts in self._pattern_triggers for t in ts})
+        self._trigger_list = self._prefilter.triggers  # the same sorted, de-duplicated set
         owners: dict[str, list[int]] = {t: [] for t in self._trigger_list}
         for k, triggers in enumerate(self._pattern_triggers):
             for t in set(triggers):
