@@ -21,7 +21,8 @@ from trainpilot.specs import CommOptions, SpecError, load_model, load_plan
 STEPS = 3
 BASE = "dp=4,micro_batch_size=4,global_batch_size=16,seq_len=64"
 # As tests/runtime/scenarios.py: full AdamW steps, no clipping, so a wrong gradient shows.
-CONFIG = dict(steps=STEPS, warmup_steps=0, lr=3e-3, grad_clip=None, seed=7, predict=False)
+CONFIG = dict(steps=STEPS, warmup_steps=0, lr=3e-3, grad_clip=None, seed=7, predict=False,
+              autocast="off")  # fp32 compute even where the CPU has native bf16
 
 
 # -- the reduce-scatter on its own ----------------------------------------------------------------

@@ -19,7 +19,8 @@ from trainpilot.specs import load_plan
 
 STEPS = 20
 BASE = f"micro_batch_size=4,global_batch_size=8,seq_len={SEQ_LEN}"
-CONFIG = dict(steps=STEPS, warmup_steps=0, lr=3e-3, grad_clip=None, seed=7, predict=False)
+CONFIG = dict(steps=STEPS, warmup_steps=0, lr=3e-3, grad_clip=None, seed=7, predict=False,
+              autocast="off")  # fp32 compute even where the CPU has native bf16
 PROBE = torch.arange(2 * SEQ_LEN).view(2, SEQ_LEN) * 37 % VOCAB  # fixed tokens for logits
 
 

@@ -20,14 +20,19 @@ STEPS = 4
 BASE = "micro_batch_size=4,global_batch_size=16,seq_len=64"
 # No warm-up and no clipping so every step moves the weights by a full AdamW update: a
 # layout that got the gradient wrong cannot hide behind a tiny LR or a clipped norm.
-CONFIG = dict(steps=STEPS, warmup_steps=0, lr=3e-3, grad_clip=None, seed=7, predict=False)
+# fp32 compute: on a CPU with native bf16 (AVX512-BF16/AMX) "auto" autocasts, and a layout
+# compared with one process at 5e-6 must not differ by bf16 rounding.
+CONFIG = dict(steps=STEPS, warmup_steps=0, lr=3e-3, grad_clip=None, seed=7, predict=False,
+              autocast="off")
 
 
-def train(model: str | dict, plan: str, *, single: bool = False) -> dict[str, Any]:
+def train(model: str | dict, plan: str, *, single: bool = False,
+          autocast: str = "off") -> dict[str, Any]:
     """Train ``model`` under ``plan`` (inline) in this process's layout; losses and params.
     ``single``: a one-process layout even inside a process group."""
     plan_doc = load_plan(plan)
-    trainer = Trainer(model=load_model(model), plan=plan_doc, config=TrainConfig(**CONFIG),
+    trainer = Trainer(model=load_model(model), plan=plan_doc,
+                      config=TrainConfig(**dict(CONFIG, autocast=autocast)),
                       layout=Layout(plan=plan_doc) if single else None)
     losses = [trainer.train_step().loss for _ in range(STEPS)]
     return dict(losses=losses, params=full_parameters(trainer.model),
@@ -56,16 +61,19 @@ def dense() -> dict[str, Any]:
 
 def model_parallel() -> dict[str, Any]:
     """TP (+SP), PP schedules and expert parallel (MoE, with DDP or FSDP2 for the dense
-    weights) on 2 ranks."""
-    return run_many([["ep_ddp", "tiny-moe", "dp=2,ep=2,zero=0," + BASE],
-                     ["ep_fsdp", "tiny-moe", "dp=2,ep=2,zero=3," + BASE],
-                     ["pp_moe", "tiny-moe", "pp=2," + BASE],
-                     ["tp", "tiny-gpt", "tp=2," + BASE],
-                     ["tp_sp", "tiny-gpt", "tp=2,sequence_parallel=true," + BASE],
-                     ["pp_gpipe", "tiny-gpt", "pp=2,pp_schedule=gpipe," + BASE],
-                     ["pp_1f1b", "tiny-gpt", "pp=2,pp_schedule=1f1b," + BASE],
-                     ["pp_interleaved", "tiny-gpt", "pp=2,vp=2," + BASE],
-                     ["pp_zero_bubble", "tiny-gpt", "pp=2,vp=2,pp_schedule=zero_bubble," + BASE]])
+    weights) on 2 ranks; and expert parallel under bf16 autocast, where the experts answer in
+    bf16 for tokens sent in fp32."""
+    out = run_many([["ep_ddp", "tiny-moe", "dp=2,ep=2,zero=0," + BASE],
+                    ["ep_fsdp", "tiny-moe", "dp=2,ep=2,zero=3," + BASE],
+                    ["pp_moe", "tiny-moe", "pp=2," + BASE],
+                    ["tp", "tiny-gpt", "tp=2," + BASE],
+                    ["tp_sp", "tiny-gpt", "tp=2,sequence_parallel=true," + BASE],
+                    ["pp_gpipe", "tiny-gpt", "pp=2,pp_schedule=gpipe," + BASE],
+                    ["pp_1f1b", "tiny-gpt", "pp=2,pp_schedule=1f1b," + BASE],
+                    ["pp_interleaved", "tiny-gpt", "pp=2,vp=2," + BASE],
+                    ["pp_zero_bubble", "tiny-gpt", "pp=2,vp=2,pp_schedule=zero_bubble," + BASE]])
+    out["ep_bf16"] = train("tiny-moe", "dp=2,ep=2,zero=0," + BASE, autocast="bf16")
+    return out
 
 
 def four_ranks() -> dict[str, Any]:
@@ -135,7 +143,7 @@ def _fp16_run(plan: str) -> dict[str, Any]:
 
     faults = FaultInjector("nan:rank=1,step=2,at=grad")  # after the reduction, rank 1 only
     trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan(plan), faults=faults,
-                      config=TrainConfig(**dict(CONFIG, autocast="off")))
+                      config=TrainConfig(**CONFIG))
     out: dict[str, list] = dict(params=[], scales=[], skipped=[], losses=[])
     for _ in range(3):
         record = trainer.train_step()
@@ -182,7 +190,7 @@ def _nan_run(spec: str, plan: str = "dp=2,zero=0,") -> dict[str, Any]:
 
     faults = FaultInjector(spec)
     trainer = Trainer(model=load_model("tiny-gpt"), plan=load_plan(plan + BASE),
-                      faults=faults, config=TrainConfig(**dict(CONFIG, autocast="off")))
+                      faults=faults, config=TrainConfig(**CONFIG))
     out: dict[str, Any] = dict(attempts=[], error=None)
     try:
         for _ in range(3):

@@ -77,6 +77,10 @@ def test_tensor_pipeline_and_expert_parallel_match_one_rank(tmp_path, ref_gpt, r
     res = spawn("model_parallel", 2, tmp_path, timeout_s=280)
     for name in ("ep_ddp", "ep_fsdp"):
         assert_matches(res, name, ref_moe)
+    # bf16 autocast through the expert all-to-all: it runs, stays near fp32, and is not fp32.
+    bf16, _ = merged(res, "ep_bf16")
+    assert max(abs(a - b) for a, b in zip(bf16, ref_moe["losses"])) < 2e-2
+    assert bf16 != ref_moe["losses"]
     assert_matches(res, "pp_moe", ref_moe, exact=True)  # the balance loss crosses stages
     for name in ("tp", "tp_sp"):
         assert_matches(res, name, ref_gpt)

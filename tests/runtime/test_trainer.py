@@ -28,6 +28,7 @@ def one_thread():
 
 
 def make(steps=4, seed=0, plan=PLAN, **config):
+    config.setdefault("autocast", "off")  # fp32, even where "auto" would pick native CPU bf16
     cfg = TrainConfig(steps=steps, seed=seed, warmup_steps=min(2, steps), lr=1e-2,
                       predict=False, **config)
     return Trainer(model=load_model(SMALL), plan=load_plan(plan), config=cfg)
@@ -153,9 +154,12 @@ def test_user_model_refuses_model_parallel_plans():
 
 
 def test_bf16_autocast_runs_and_stays_close_to_fp32():
-    """Forced on this CPU (which has no native bf16, so "auto" picks fp32 and says why)."""
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        assert "fp32" in make(steps=2).autocast_note  # "auto" explains its choice
+    """Forced here; "auto" picks bf16 only on a CPU with native bf16 matmuls, and says why."""
+    auto = make(steps=2, autocast="auto")
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert auto.autocast_dtype == torch.bfloat16 and "native" in auto.autocast_note
+    else:
+        assert auto.autocast_dtype is None and "fp32" in auto.autocast_note
     off = make(steps=2, autocast="off")
     fp32 = [off.train_step().loss for _ in range(2)]
     bf16 = make(steps=2, autocast="bf16")

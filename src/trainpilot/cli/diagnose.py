@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.table import Table
 
@@ -59,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         _check_store(args.store)
     result = Diagnoser(skew_s=args.skew_s).diagnose_files(args.logs)
     history = _record(args.store, result) if args.store else []
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         print_json(result.to_dict())
         return 0

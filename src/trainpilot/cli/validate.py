@@ -147,14 +147,12 @@ def _other_parts(part: str) -> dict:
     summaries, and the gates that failed."""
     out: dict = {"failures": []}
     if part in ("all", "serving"):
-        from trainpilot.sim.serve_validation import validate_serving
+        from trainpilot.sim.serve_validation import gates_line, validate_serving
 
         serving = validate_serving()["summary"]
         out["serving"] = serving
         if not serving["passed"]:
-            held = serving["held_out"]
-            out["failures"].append(f"serving held-out mean error {held['mean_abs_error']:.1%} "
-                                   f"> gate {serving['gate']:.0%}")
+            out["failures"].append(f"serving held-out gates: {gates_line(serving)}")
     if part in ("all", "diagnosis"):
         from trainpilot.health.corpus import HELD_OUT_GATE, validate
 
@@ -169,14 +167,14 @@ def _other_parts(part: str) -> dict:
 
 def _print_others(others: dict) -> None:
     if "serving" in others:
-        from trainpilot.sim.serve_validation import batches_line
+        from trainpilot.sim.serve_validation import batches_line, gates_line
 
         s = others["serving"]
         held, cal = s["held_out"], s["calibration"]
         console.print(
             f"serving (Sim2Infer, `trainpilot simulate serve --validate` for every row): "
             f"held-out mean error {held['mean_abs_error']:.1%} over {held['rows']} rows from "
-            f"{held['num_sources']} sources ({batches_line(s)}; gate {s['gate']:.0%}, "
+            f"{held['num_sources']} sources ({batches_line(s)}; gates {gates_line(s)}, "
             f"target {s['target']:.0%}: {'met' if s['target_met'] else 'not met'}); "
             f"calibration "
             f"{cal['mean_abs_error']:.1%} over {cal['rows']} rows")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from importlib import resources
@@ -48,7 +48,7 @@ from trainpilot.health.logscan import (
     text_chunks,
     triggers_of,
 )
-from trainpilot.health.metriclines import MetricScanner
+from trainpilot.health.metriclines import PRESENCE_LITERALS, MetricScanner
 from trainpilot.health.timestamps import guess_year, parse_timestamp
 from trainpilot.specs.errors import from_pydantic
 
@@ -169,6 +169,7 @@ class Diagnosis:
     rank: int | None = None
     node: str | None = None
     matches: tuple[Match, ...] = ()
+    warnings: tuple[str, ...] = ()  # about the input (a compressed log cut short), not the run
 
     def to_dict(self) -> dict[str, object]:
         return dict(category=self.category, root_cause=self.root_cause, evidence=self.evidence,
@@ -228,7 +229,9 @@ class Diagnoser:
         self.skew_s, self.metric_rules = skew_s, metric_rules
         self._compiled = [(p, re.compile(p.regex, 0 if p.case else re.IGNORECASE))
                           for p in self.library.patterns]
-        self._prefilter = Prefilter(t for p in self.library.patterns for t in p.trigger_list())
+        # The metric rules' presence literals ride in the same automaton (no pattern owns them).
+        self._prefilter = Prefilter([t for p in self.library.patterns for t in p.trigger_list()]
+                                    + [lit.decode() for lit in PRESENCE_LITERALS])
         self._pattern_triggers = [p.trigger_list() for p in self.library.patterns]
         # Which patterns a candidate line is worth trying: every trigger it holds (overlapping
         # matches of one automaton over the line, so the same as ``t in line`` for each trigger),
@@ -304,7 +307,9 @@ class Diagnoser:
             if year is None:
                 year = guess_year(data[:1 << 18].decode("utf-8", "replace").splitlines()[:2000])
             counted, line_no = 0, chunk.first_line
-            for start, end in self._prefilter.line_spans(chunk.low):
+            dropped: list[tuple[int, int]] = []
+            spans = self._prefilter.line_spans(chunk.low, dropped=dropped)
+            for start, end in spans:
                 line_no += data.count(b"\n", counted, start)
                 counted = start
                 line = chunk.line(start, end)
@@ -317,7 +322,8 @@ class Diagnoser:
                 stamp = _time_before(lookback + data, len(lookback) + start, year)
                 out.append(self._match(name, line_no, line, hit[0], hit[1], stamp))
             if metrics is not None:
-                metrics.feed(chunk)
+                metrics.feed(chunk, present=Prefilter.held(chunk.low, PRESENCE_LITERALS,
+                                                            spans + dropped))
             tail = (tail + _errorish_lines(chunk))[-1:]
             lookback = data[-_LOOKBACK_BYTES:]
         if metrics is not None:
@@ -360,7 +366,9 @@ class Diagnoser:
         finally:
             for _, stream, _ in streams:
                 stream.close()
-        return self.decide(matches, tails)
+        damage = [(name, getattr(stream, "damage", None)) for name, stream, _ in streams]
+        warnings = tuple(f"{name}: {why}" for name, why in damage if why)
+        return replace(self.decide(matches, tails), warnings=warnings)
 
     def decide(self, matches: list[Match], tails: dict[str, list[str]] | None = None,
                ) -> Diagnosis:

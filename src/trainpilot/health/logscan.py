@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import bz2
-import gzip
 import io
 import lzma
 import os
@@ -33,6 +32,7 @@ if TYPE_CHECKING:
 
 CHUNK_BYTES = 8 << 20
 SNIFF_BYTES = 8192
+PIECE_BYTES = 1 << 20  # the most a broken compressed stream can lose (``_Prefixed.read``)
 MIN_TRIGGER = 3
 SHORT_TRIGGER = 4  # triggers this short must sit on word boundaries
 MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"),
@@ -49,7 +49,11 @@ class ByteStream(Protocol):
 
 def _open_compressed(raw: BinaryIO, kind: str) -> ByteStream:
     if kind == "gzip":
-        return gzip.GzipFile(fileobj=raw)
+        # ISA-L's inflate (python-isal, the gzip module's interface): about twice zlib's speed
+        # on text, so a gzip'd log streams as fast as a plain one (benchmarks/diagnose_speed.py).
+        from isal import igzip
+
+        return igzip.GzipFile(fileobj=raw)
     if kind == "bzip2":
         return bz2.BZ2File(raw)
     if kind == "xz":
@@ -91,7 +95,7 @@ def open_log(path: str | os.PathLike) -> tuple[ByteStream, str]:
         raise SpecError("LOGFILE", str(path), "looks binary, not a text log" + (
             f" (after {kind} decompression)" if kind != "text" else "") +
             "; valid: a text log, plain or gzip/zstd/bzip2/xz compressed")
-    return _Prefixed(first, stream, raw), kind
+    return _Prefixed(first, stream, raw, kind), kind
 
 
 def _binary(sample: bytes) -> bool:
@@ -105,21 +109,50 @@ def _binary(sample: bytes) -> bool:
 
 
 class _Prefixed(io.RawIOBase):
-    """The sniffed first bytes, then the rest of the stream; closes the file under it."""
+    """The sniffed first bytes, then the rest of the stream; closes the file under it. A
+    compressed stream that breaks off or turns corrupt past the sniffed bytes (a log compressed
+    while the job was dying, a partial copy) ends there: what was read is still diagnosed, and
+    ``damage`` says where and why."""
 
-    def __init__(self, first: bytes, stream: ByteStream, raw: BinaryIO):
-        self._first, self._stream, self._raw = first, stream, raw
+    def __init__(self, first: bytes, stream: ByteStream, raw: BinaryIO, kind: str = "text"):
+        self._first, self._stream, self._raw, self._kind = first, stream, raw, kind
+        self._read = 0
+        self.damage: str | None = None
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int = -1) -> bytes:
+        out = b""
         if self._first:
             out, self._first = self._first, b""
-            if size < 0 or size > len(out):
-                out += self._stream.read(-1 if size < 0 else size - len(out))
-            return out
-        return self._stream.read(size)
+            if 0 <= size <= len(out):
+                self._read += len(out)
+                return out
+        # A decompressor that fails drops what it inflated in that call, so it is asked for
+        # at most PIECE_BYTES at a time: a broken stream loses no more than that.
+        pieces = [out] if out else []
+        want = size - len(out) if size >= 0 else -1
+        while self.damage is None and want != 0:
+            ask = want if self._kind == "text" else (
+                PIECE_BYTES if want < 0 else min(want, PIECE_BYTES))
+            try:
+                piece = self._stream.read(ask)
+            except Exception as err:  # EOFError, OSError, LZMAError, zstandard.ZstdError
+                self.damage = (f"the {self._kind} stream ends early or is corrupt after "
+                               f"{self._read + sum(map(len, pieces)):,} bytes ({err}); "
+                               f"diagnosed what was read")
+                break
+            if not piece:
+                break
+            pieces.append(piece)
+            if want > 0:
+                want -= len(piece)
+            elif self._kind == "text":
+                break  # read(-1) returned the whole rest
+        out = pieces[0] if len(pieces) == 1 else b"".join(pieces)  # one piece: no copy
+        self._read += len(out)
+        return out
 
     def close(self) -> None:
         for f in (self._stream, self._raw):
@@ -159,12 +192,13 @@ def iter_chunks(stream: ByteStream, *, chunk_bytes: int = CHUNK_BYTES) -> Iterat
             if carry:
                 yield _chunk(carry, line)
             return
-        data = carry + data
+        if carry:
+            data = carry + data
         cut = data.rfind(b"\n") + 1
         if cut == 0:
             carry = data
             continue
-        chunk = _chunk(data[:cut], line)
+        chunk = _chunk(data if cut == len(data) else data[:cut], line)
         carry = data[cut:]
         yield chunk
         line += chunk.num_lines
@@ -252,9 +286,12 @@ class Prefilter:
             import ahocorasick_rs
 
             # Leftmost-longest, non-overlapping: enough to find the lines (the diagnoser then
-            # checks which patterns' triggers each candidate line holds).
+            # checks which patterns' triggers each candidate line holds). A DFA, built once per
+            # command (a few ms for ~400 triggers): it scans a healthy log's chunk in about half
+            # the time of the default contiguous NFA (benchmarks/diagnose_speed.py).
             self._ac = ahocorasick_rs.BytesAhoCorasick(
-                encoded, matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST)
+                encoded, matchkind=ahocorasick_rs.MATCHKIND_LEFTMOST_LONGEST,
+                implementation=ahocorasick_rs.Implementation.DFA)
             self._re = None
         except ImportError:  # pragma: no cover - the dependency is declared
             self._ac = None
@@ -270,9 +307,12 @@ class Prefilter:
             for m in self._re.finditer(low):
                 yield self._index[m.group(0)], m.start(), m.end()
 
-    def line_hits(self, low: bytes | str) -> list[tuple[int, int, set[int]]]:
+    def line_hits(self, low: bytes | str, *, dropped: list[tuple[int, int]] | None = None,
+                  ) -> list[tuple[int, int, set[int]]]:
         """Sorted (start, end, trigger indices) of the candidate lines (byte offsets; end
-        excludes the line break); indices into ``self.triggers``."""
+        excludes the line break); indices into ``self.triggers``. ``dropped`` collects the
+        (start, end) of the lines of short-trigger hits dropped for want of a word boundary:
+        the automaton's matches do not overlap, so such a hit can hide another trigger there."""
         if isinstance(low, str):
             low = low.encode()
         lines: dict[int, list] = {}
@@ -282,19 +322,36 @@ class Prefilter:
                 before = low[start - 1:start] if start else b" "
                 after = low[end:end + 1] or b" "
                 if before.isalnum() or before == b"_" or after.isalnum() or after == b"_":
+                    if dropped is not None:
+                        dropped.append(_line_of(low, start, end))
                     continue
             if current is not None and current[0] <= start < current[1]:
                 current[2].add(index)  # on the candidate line just found
                 continue
-            line_start = low.rfind(b"\n", 0, start) + 1
+            line_start, line_end = _line_of(low, start, end)
             current = lines.get(line_start)
             if current is None:
-                line_end = low.find(b"\n", end)
-                current = lines[line_start] = [line_start, len(low) if line_end < 0 else line_end,
-                                               set()]
+                current = lines[line_start] = [line_start, line_end, set()]
             current[2].add(index)
         return sorted((a, b, hits) for a, b, hits in lines.values())
 
-    def line_spans(self, low: bytes | str) -> list[tuple[int, int]]:
-        """Sorted (start, end) byte spans of the candidate lines."""
-        return [(a, b) for a, b, _ in self.line_hits(low)]
+    def line_spans(self, low: bytes | str, *, dropped: list[tuple[int, int]] | None = None,
+                   ) -> list[tuple[int, int]]:
+        """Sorted (start, end) byte spans of the candidate lines (``dropped``: as
+        :meth:`line_hits`)."""
+        return [(a, b) for a, b, _ in self.line_hits(low, dropped=dropped)]
+
+    @staticmethod
+    def held(low: bytes, literals: Iterable[bytes], lines: Iterable[tuple[int, int]],
+             ) -> set[bytes]:
+        """Which of ``literals`` (each one of the triggers) ``low`` holds, looking only in
+        ``lines``: its candidate lines and the dropped hits' lines, which between them hold
+        every occurrence of a trigger."""
+        lines = list(lines)
+        return {lit for lit in literals if any(lit in low[a:b] for a, b in lines)}
+
+
+def _line_of(low: bytes, start: int, end: int) -> tuple[int, int]:
+    """(start, end) of the line holding ``low[start:end]`` (end excludes the line break)."""
+    line_end = low.find(b"\n", end)
+    return low.rfind(b"\n", 0, start) + 1, len(low) if line_end < 0 else line_end

@@ -20,6 +20,7 @@ weights, HBM KV cache, TP collectives, all-to-all, overhead) that takes the most
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +99,7 @@ def simulate_serve(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
                         f"has {cluster.num_devices}")
     largest, capacity = largest_batch(model, cluster, plan, eff)
     weights = weight_bytes_per_device(model, dec, plan.weight_dtype)
-    if largest < dec.dp_attention:
+    if capacity < plan.input_len + plan.output_len:  # not one sequence per attention group
         raise SpecError("decode", dec.label(),
                         f"weights take {weights / GIB:.1f} GiB per device of "
                         f"{cluster.device.hbm_gib:g}: no room for one sequence of "
@@ -110,7 +111,9 @@ def simulate_serve(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
         notes.append(f"batch {batch} exceeds the {largest} sequences that fit the KV cache")
     spec = plan.speculative
     tps = spec.tokens_per_step
-    per_group = batch / dec.dp_attention
+    # The busiest attention group paces every pass (the MoE layers wait for all of them):
+    # ceil(batch / dp_attention) sequences, also when fewer sequences run than there are groups.
+    per_group = math.ceil(batch / dec.dp_attention - 1e-9)
     decode_shape = PassShape(decode_seqs=per_group,
                              decode_rows=per_group * (1 + spec.num_draft_tokens),
                              context=plan.input_len + plan.output_len / 2)

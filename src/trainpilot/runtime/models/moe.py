@@ -173,5 +173,7 @@ def expert_parallel(experts: LocalExpertCompute, routed: torch.Tensor, counts: t
                       for e in range(local) for s in range(ep)])
     out = experts(received[perm], recv_counts.sum(dim=0).tolist())
     back = out[torch.argsort(perm)]
-    return all_to_all_single(routed.new_empty(routed.shape), back, in_splits, out_splits,
-                             group=group)
+    # Under autocast the experts answer in bf16 while the tokens came in fp32: the return buffer
+    # takes the answer's dtype (all_to_all_single refuses a mixed pair).
+    return all_to_all_single(back.new_empty(routed.shape[0], back.shape[1]), back, in_splits,
+                             out_splits, group=group)
