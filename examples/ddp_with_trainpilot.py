@@ -22,7 +22,7 @@ from trainpilot.runtime.checkpoint.manager import CheckpointManager  # +
 from trainpilot.runtime.datasets import TextDataset
 from trainpilot.runtime.elastic import ElasticConfig, ElasticSession  # +
 from trainpilot.runtime.faults import FaultInjector  # +
-from trainpilot.runtime.procexit import run_and_end  # +
+from trainpilot.runtime.procexit import keep_alive, run_and_end  # +
 from trainpilot.runtime.sampler import ResumableSampler  # +
 from trainpilot.runtime.stepguard import StepGuard  # +
 from trainpilot.specs.plan import CheckpointPolicy  # +
@@ -83,6 +83,7 @@ def main() -> None:
         torch.save(model.module.state_dict(), os.path.join(args.run_dir, "final.pt"))
     session.close()  # +
     dist.destroy_process_group()
+    keep_alive(model)  # its reducer holds the gloo group: freeing it here can deadlock (torch 2.13)
 
 
 run_and_end(main)  # + ends cleanly with gloo threads still running (docs/runtime.md)

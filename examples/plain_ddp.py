@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from trainpilot.runtime.datasets import TextDataset  # JSONL / text, packed, EOS between docs
-from trainpilot.runtime.procexit import run_and_end
+from trainpilot.runtime.procexit import keep_alive, run_and_end
 
 STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "[a-c]*.py")
 parser = argparse.ArgumentParser()
@@ -48,6 +48,7 @@ def main() -> None:
         if rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
     dist.destroy_process_group()
+    keep_alive(model)  # its reducer holds the gloo group: freeing it here can deadlock (torch 2.13)
 
 
 # torch 2.13's gloo threads outlive destroy_process_group; one of them can abort the process

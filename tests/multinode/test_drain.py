@@ -16,6 +16,7 @@ trained twice.)"""
 from __future__ import annotations
 
 import json
+import statistics
 import time
 
 import pytest
@@ -104,8 +105,11 @@ def test_a_degraded_host_drained_to_the_standby_loses_no_step(ref2, cluster, tmp
     # Before the link was degraded, exactly one step took the blip (later ones may be slow for
     # the degradation itself: step 7 took over 2 s once, in a loaded suite).
     degraded_at = [f for f in cluster_faults(run.run_dir) if f["kind"] == "degraded_link"][0]
-    blip = [r["step"] for r in records
-            if r["step_time_s"] >= 2.0 and r["step"] < degraded_at["step"]]
+    before = [r for r in records if r["step"] < degraded_at["step"]]
+    # The 2 s blip on top of a step's usual time (the median, ~0.2 s here; ~2 s where bf16
+    # autocast is emulated, which made a plain 2.0 s threshold count ordinary steps).
+    usual = statistics.median(r["step_time_s"] for r in before)
+    blip = [r["step"] for r in before if r["step_time_s"] >= usual + 1.5]
     assert len(blip) == 1 and blip[0] <= 4, [(r["step"], r["step_time_s"]) for r in records]
     slow_steps = [r for r in records if degraded_at["step"] < r["step"] <= done["step"]]
     assert slow_steps and min(r["step_time_s"] for r in slow_steps) > 0.4  # it was real

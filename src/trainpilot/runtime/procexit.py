@@ -18,6 +18,16 @@ streams) and then leaves with ``os._exit``, skipping module teardown and the gar
 of finalization: the threads are stopped with the process instead.
 ``benchmarks/exit_abort.py`` reproduces the abort with a plain ``sys.exit`` and measures that
 ``end_process`` avoids it; ``tests/runtime/test_procexit.py`` runs the same scenario.
+
+A second way the same threads end a finished process, a deadlock: when the last reference to a
+gloo group is dropped while the interpreter runs (a DDP model, whose reducer holds the group,
+freed as ``main`` returns), ``~ProcessGroupGloo`` joins the group's worker thread with the GIL
+held, and that thread, destroying its last work (whose tensors have Python objects), waits for
+the GIL: both wait forever (gdb: ``~Reducer`` -> ``~ProcessGroupGloo`` -> ``std::thread::join``
+on the main thread, ``runLoop`` -> ``~AsyncAllreduceWork`` -> ``take_gil`` on the other).
+``examples/plain_ddp.py`` hung so after its last step in 3 of 3 runs on a loaded machine
+(``benchmarks/exit_deadlock.py``: 2 of 4 without ``keep_alive``, 0 of 4 with it).
+:func:`keep_alive` holds such objects until ``os._exit``, so the group is never destroyed.
 """
 
 from __future__ import annotations
@@ -29,6 +39,15 @@ import threading
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
+
+_KEPT: list[object] = []
+
+
+def keep_alive(*objects: object) -> None:
+    """Hold ``objects`` (a DDP model, a DeviceMesh, a process group: whatever holds a gloo group)
+    until the process ends through :func:`end_process`, so that the group is never destroyed
+    while the interpreter runs (the deadlock in the module doc)."""
+    _KEPT.extend(objects)
 
 
 def end_process(code: int = 0, *, join_threads: bool = True) -> NoReturn:
