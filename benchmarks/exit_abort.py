@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(int(args.worker[0]), int(args.worker[1]), args.worker[2])
         return 0
     counts = {how: dict(aborted=0, clean=0, other=0) for how in MODES}
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.pairs):
             for how in MODES:  # alternated: the same load for both
@@ -108,23 +109,25 @@ def main(argv: list[str] | None = None) -> int:
                     counts[how]["other"] += 1
             print(f"\r{i + 1}/{args.pairs} pairs of each", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    lines = [f"# benchmarks/exit_abort.py --pairs {args.pairs}, {stamp}, {os.cpu_count()} cores, "
-             f"python {platform.python_version()}, load average at start "
-             f"{os.getloadavg()[0]:.1f}",
-             "exit          rank 0 aborted (SIGABRT)  clean  other"]
-    for how in MODES:
-        c = counts[how]
-        lines.append(f"{how:<13} {c['aborted']:>7} of {args.pairs:<15} {c['clean']:>5}  "
-                     f"{c['other']:>5}")
-    text = "\n".join(lines) + "\n"
-    from trainpilot.fsio import atomic_write_text
-
-    RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / "exit_abort.txt", text)
-    print(text, end="")
+    write_report("exit_abort", f"--pairs {args.pairs}", load,
+                 "exit          rank 0 aborted (SIGABRT)  clean  other",
+                 [f"{how:<13} {counts[how]['aborted']:>7} of {args.pairs:<15} "
+                  f"{counts[how]['clean']:>5}  {counts[how]['other']:>5}" for how in MODES])
     return 0
 
+
+def write_report(name: str, args: str, load: float, header: str, rows: list[str]) -> None:
+    """Write benchmarks/results/NAME.txt (a line saying how it was run, then the table) and
+    print it; ``load``: the load average when the runs started."""
+    from trainpilot.fsio import atomic_write_text
+
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    text = "\n".join([f"# benchmarks/{name}.py {args}, {stamp}, {os.cpu_count()} cores, python "
+                      f"{platform.python_version()}, load average at start {load:.1f}",
+                      header, *rows]) + "\n"
+    RESULTS.mkdir(exist_ok=True)
+    atomic_write_text(RESULTS / f"{name}.txt", text)
+    print(text, end="")
 
 if __name__ == "__main__":
     # Not run_and_end: the worker picks its own exit (that is what is measured), and the

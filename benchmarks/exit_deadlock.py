@@ -19,10 +19,8 @@ Writes benchmarks/results/exit_deadlock.txt and prints it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -31,8 +29,9 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from exit_abort import write_report  # this folder is sys.path[0] when run as a script
+
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
 EXAMPLE = REPO / "examples" / "plain_ddp.py"
 KEEP_LINE = "    keep_alive(model)"
 MODES = ("as shipped", "without keep_alive")
@@ -85,22 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                 counts[mode][run_once(scripts[mode], data)] += 1
             print(f"\r{i + 1}/{args.runs} runs of each", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    lines = [f"# benchmarks/exit_deadlock.py --runs {args.runs}, {stamp}, {os.cpu_count()} "
-             f"cores, python {platform.python_version()}, load average at start {load:.1f}",
-             f"example               hung (> {TIMEOUT_S:.0f} s)  clean  failed"]
-    for mode in MODES:
-        c = counts[mode]
-        lines.append(f"{mode:<21} {c['hung']:>4} of {args.runs:<10} {c['clean']:>5}  "
-                     f"{c['failed']:>6}")
-    text = "\n".join(lines) + "\n"
-    from trainpilot.fsio import atomic_write_text
-
-    RESULTS.mkdir(exist_ok=True)
-    atomic_write_text(RESULTS / "exit_deadlock.txt", text)
-    print(text, end="")
+    write_report("exit_deadlock", f"--runs {args.runs}", load,
+                 f"example               hung (> {TIMEOUT_S:.0f} s)  clean  failed",
+                 [f"{mode:<21} {counts[mode]['hung']:>4} of {args.runs:<10} "
+                  f"{counts[mode]['clean']:>5}  {counts[mode]['failed']:>6}" for mode in MODES])
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
