@@ -176,7 +176,7 @@ class ConvergenceForecaster:
         if lr_at is not None:
             lrs = np.array([float(lr_at(s)) for s in range(1, total_steps + 1)])
             self._areas = lr_areas(lrs)
-            self._eta = lrs / (float(np.max(np.abs(lrs))) or 1.0)
+            self._eta = np.diff(self._areas[0], prepend=0.0)  # S1's steps: lr / peak lr
         # scipy.optimize takes about 0.7 s to import: pay it here, before training starts, not
         # inside whichever step makes the first forecast (it stalled that step by 20x).
         import scipy.optimize  # noqa: F401
