@@ -265,7 +265,15 @@ class NetCluster:
         node = self.node(name)
         burst = max(32, int(rate_mbit * 1e6 / 8 / 250 / 1024))  # ~4 ms of traffic, KiB
         for ns, dev in ((node.ns, "eth0"), (self.switch, node.port)):
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf",
+            # Deleted, then added: `tc qdisc replace` keeps the packets already queued, and a
+            # GSO packet queued under the old, larger burst (up to 64 KiB on a veth) can never
+            # dequeue under a smaller one (tbf sends a packet only when that many tokens are
+            # saved, and saves at most one burst): the link went dead for good, not slow, in
+            # 3 of 3 trials with bulk traffic when shaped from 1000 down to 40 Mbit/s. A fresh
+            # tbf splits an oversized GSO packet at enqueue instead.
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root",
+                 check=False)
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
                  "rate", f"{rate_mbit}mbit", "burst", f"{burst}kb", "latency", "50ms")
 
     # -- measurements ----------------------------------------------------------------------

@@ -44,9 +44,13 @@ def test_a_degraded_host_drained_to_the_standby_loses_no_step(ref2, cluster, tmp
     # backoff (the first retransmit after the link is back can come a few seconds later): the
     # harness's 2.5 s heartbeat timeout once declared node1 silent in CI, which restarted the
     # job without node0 in its first round (node1 came back as rank 0). 6 s heartbeats and
-    # 10 s collectives here; test_partitions.py covers a cut past them.
+    # 10 s collectives here; test_partitions.py covers a cut past them. torchrun's rendezvous
+    # too: the harness's 3 missed keep-alives of 1 s declared node1 dead after the blip in 1
+    # of 6 runs beside a busy loop (rounds churned for 15 s and the job restarted twice); 15
+    # of 1 s here, as test_partitions.py's patient setting.
     timeouts = ("--heartbeat-timeout", "6", "--collective-timeout", "10")
-    with launch(cluster, tmp_path / "run", steps=STEPS2, every=3,
+    patient = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=15"
+    with launch(cluster, tmp_path / "run", steps=STEPS2, every=3, rdzv_conf=patient,
                 extra=("--storage-every", "2", *probes, *timeouts)) as run:
         start_with_standby(run)
         run.wait_step(2)
