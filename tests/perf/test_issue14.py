@@ -127,6 +127,36 @@ def test_5_the_search_does_not_shrink_deepseek_v3_to_ep8():
     assert result.best.plan.ep > 8
 
 
+def test_5_experts_run_one_by_one_are_issued_one_by_one():
+    # Megatron-Core's TEGroupedMLP runs Transformer Engine's GroupedLinear: one GEMM and, under
+    # fp8, one input quantization per local expert. 128 experts over EP 8: 16 per rank, each
+    # of the layer's 2 forward GEMMs (+ 2 casts) and 4 backward GEMMs (+ 2 casts) issued 16
+    # times where one grouped kernel (torch._grouped_mm) is issued once.
+    from trainpilot.perf.estimator import Estimator
+    from trainpilot.perf.stages import layout_of
+
+    model, cluster = load_model("qwen3-30b-a3b"), load_cluster("b200-x8")
+    base = dict(dp=8, ep=8, etp=1, zero=1, micro_batch_size=1, global_batch_size=512,
+                seq_len=4096, precision="fp8")
+    costs = {}
+    for gemm in ("per_expert", "grouped"):
+        plan = Plan(runtime=dict(stack="megatron", expert_gemm=gemm), **base)
+        est, lay = Estimator(model, cluster), layout_of(model, plan)
+        costs[gemm] = est.layer(lay, True, est.spans(lay))
+    per, one = costs["per_expert"], costs["grouped"]
+    assert per.num_kernels - one.num_kernels == (16 - 1) * (2 + 2 + 4 + 2)
+    assert per.fwd_compute_s > one.fwd_compute_s and per.bwd_compute_s > one.bwd_compute_s
+    # The stacks' defaults: Megatron per expert, torchtitan-style PyTorch grouped.
+    from trainpilot.specs import RuntimeProfile
+
+    assert RuntimeProfile(stack="megatron").resolved("expert_gemm") == "per_expert"
+    assert RuntimeProfile(stack="pytorch").resolved("expert_gemm") == "grouped"
+    slow = predict(model, cluster, Plan(runtime=dict(stack="megatron"), **base))
+    fast = predict(model, cluster,
+                   Plan(runtime=dict(stack="megatron", expert_gemm="grouped"), **base))
+    assert slow.step_time_s > 1.03 * fast.step_time_s
+
+
 # 6. Every knob in the documents.
 def test_6_the_llama3_job_reproduces_its_validation_row():
     from trainpilot.perf.validation import all_cases, run

@@ -131,10 +131,11 @@ class Ops:
         self.kernels += kernels
         return t
 
-    def add_gemm(self, gpu_s: float, *, backward: bool = False) -> float:
+    def add_gemm(self, gpu_s: float, *, backward: bool = False, launches: int = 1) -> float:
         """A GEMM (forward) or its data- and weight-gradient GEMMs (``backward``: two
-        kernels of ``gpu_s`` each)."""
-        t = self.add(2 * gpu_s, 2) if backward else self.add(gpu_s)
+        kernels of ``gpu_s`` each); ``launches``: kernels it is issued as (one per expert
+        when a rank's experts run one by one), sharing ``gpu_s``."""
+        t = self.add(2 * gpu_s, 2 * launches) if backward else self.add(gpu_s, launches)
         self.gemm += t
         if backward:
             self.wgrad += t / 2

@@ -68,18 +68,22 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
     act_bytes_per = ACT_BYTES * (3 if gate == 2 else 2)  # read (2 inputs if gated), write
 
     def dense(rows: float, width: float, tp: int, experts: float = 1.0) -> None:
-        fwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h, linear=True))
+        # One launch per GEMM (and per fp8 cast), or per local expert when the stack runs a
+        # rank's experts one by one (runtime.expert_gemm; perf/runtime.py).
+        n = max(1, round(experts)) if rt.expert_gemm == "per_expert" else 1
+        fwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h, linear=True), launches=n)
         fwd.add_elementwise(experts * dev.memory_s(act_bytes_per * rows * width / tp),
                             act_kind, rt)
-        fwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True))
+        fwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), launches=n)
         bwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h, linear=True),
-                     backward=True)
+                     backward=True, launches=n)
         bwd.add_elementwise(BWD_MEM * experts * dev.memory_s(act_bytes_per * rows * width / tp),
                             act_kind, rt, backward=True)
-        bwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), backward=True)
+        bwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), backward=True,
+                     launches=n)
         if dev.fp8:  # quantize each GEMM's input (forward) and output gradient (backward)
-            fwd.add(dev.fp8_cast_s(experts * rows * (h + width / tp)), 2)
-            bwd.add(dev.fp8_cast_s(experts * rows * (gate * width / tp + h)), 2)
+            fwd.add(dev.fp8_cast_s(experts * rows * (h + width / tp)), 2 * n)
+            bwd.add(dev.fp8_cast_s(experts * rows * (gate * width / tp + h)), 2 * n)
 
     if not moe_layer:
         dense(m, model.ffn_size, st.tp)

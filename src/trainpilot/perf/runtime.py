@@ -11,6 +11,9 @@ Physical meaning of each term (docs/cost_model.md, "Runtime profiles"):
   path. None: the device data's value.
 * ``tp_overlap`` / ``ep_overlap``: TP collectives / expert all-to-alls run concurrently with
   independent compute (only what the compute cannot cover is exposed).
+* ``expert_gemm``: "per_expert" issues a GEMM (and, under fp8, its input's quantization) per
+  local expert, so a rank with many small experts is bound by the host's issue rate;
+  "grouped" runs all local experts as one kernel.
 * ``grad_sync``: "step" reduces gradients once per step (after the last micro-batch), holding
   them unsharded in between; "micro_batch" reduces (ZeRO-2: reduce-scatters) after every
   micro-batch and keeps only the shard.
@@ -56,6 +59,7 @@ class Runtime:
     grad_bytes: int = 4
     ep_dispatcher: str = "alltoall"
     attention_kernel: str = "flash2"
+    expert_gemm: str = "per_expert"
 
     def traffic(self, kind: str) -> float:
         """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
@@ -87,6 +91,7 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         grad_sync=str(prof.resolved("grad_sync")), moe_imbalance=prof.moe_imbalance,
         dropout=model.has_dropout, grad_bytes=grad_bytes(plan), ep_dispatcher=prof.ep_dispatcher,
         attention_kernel=str(prof.resolved("attention_kernel")),
+        expert_gemm=str(prof.resolved("expert_gemm")),
     )
     if options is not None:
         for key, attr in (("flash_attention", "flash_attention"), ("dropout", "dropout"),

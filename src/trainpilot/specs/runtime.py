@@ -26,25 +26,32 @@ STACKS: tuple[str, ...] = ("trainpilot", "pytorch", "megatron", "megatron-legacy
 #   TP in eager mode, SDPA flash attention, unfused norms and activations, gradients reduced
 #   once per step (no_sync / set_requires_gradient_sync(last)), no TP or EP overlap.
 # * pytorch: PyTorch FSDP/FSDP2 training loops (torchtitan, llm-foundry/Composer, NeMo
-#   AutoModel): as trainpilot; ``compile`` and fused kernels are per-run choices.
+#   AutoModel): as trainpilot; ``compile`` and fused kernels are per-run choices; experts run
+#   as one grouped GEMM (torch._grouped_mm, torchtitan's default since 2025).
 # * megatron: Megatron-Core with Transformer Engine: fused norm/activation/RoPE/softmax kernels,
 #   flash attention, distributed-optimizer gradient reduce-scatter per step overlapped with the
-#   backward, parameter all-gather overlapped with the forward; TP and EP overlap per run.
+#   backward, parameter all-gather overlapped with the forward; TP and EP overlap per run;
+#   experts through TE's GroupedLinear (a GEMM and its fp8 quantization per local expert).
 # * megatron-legacy: 2021-22 Megatron-LM / Megatron-DeepSpeed: unfused (softmax) attention,
 #   apex fused LayerNorm and bias-GeLU, no communication overlap.
 # * deepspeed: DeepSpeed ZeRO: gradients reduced (ZeRO-2: reduce-scattered) after every
 #   micro-batch's backward.
 _DEFAULTS: dict[str, dict[str, object]] = {
     "trainpilot": dict(flash_attention=True, fused_kernels=False, tp_comm_overlap=False,
-                       ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
+                       ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2",
+                       expert_gemm="per_expert"),
     "pytorch": dict(flash_attention=True, fused_kernels=False, tp_comm_overlap=False,
-                    ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
+                    ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2",
+                    expert_gemm="grouped"),
     "megatron": dict(flash_attention=True, fused_kernels=True, tp_comm_overlap=False,
-                     ep_comm_overlap=False, grad_sync="step", attention_kernel="fused"),
+                     ep_comm_overlap=False, grad_sync="step", attention_kernel="fused",
+                     expert_gemm="per_expert"),
     "megatron-legacy": dict(flash_attention=False, fused_kernels=True, tp_comm_overlap=False,
-                            ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2"),
+                            ep_comm_overlap=False, grad_sync="step", attention_kernel="flash2",
+                            expert_gemm="per_expert"),
     "deepspeed": dict(flash_attention=False, fused_kernels=True, tp_comm_overlap=False,
-                      ep_comm_overlap=False, grad_sync="micro_batch", attention_kernel="flash2"),
+                      ep_comm_overlap=False, grad_sync="micro_batch", attention_kernel="flash2",
+                      expert_gemm="per_expert"),
 }
 
 
@@ -61,7 +68,8 @@ class RuntimeProfile(Spec):
     gradients reduced once per step at the last micro-batch (``step``: Megatron, DDP no_sync,
     FSDP2's sync flag) or after every micro-batch (``micro_batch``: DeepSpeed ZeRO-2, FSDP
     without no_sync). ``moe_imbalance``: tokens on the busiest expert rank over the mean (1.0
-    for force-balanced benchmarks). ``ep_dispatcher``: see the field.
+    for force-balanced benchmarks). ``ep_dispatcher``, ``attention_kernel``, ``expert_gemm``:
+    see the fields.
     """
 
     stack: Stack = "trainpilot"
@@ -82,6 +90,12 @@ class RuntimeProfile(Spec):
     # SDPA, flash_attn 2.x), FlashAttention v1 (flash_attn 1.x, half FA-2's throughput), or
     # "fused": Transformer Engine / cuDNN fused attention (Megatron-Core's default).
     attention_kernel: Literal["flash1", "flash2", "fused"] | None = None
+    # How a rank's local experts run their GEMMs: "per_expert" (one GEMM launch per local
+    # expert, each input quantized separately under fp8: Transformer Engine's GroupedLinear,
+    # which Megatron-Core's TEGroupedMLP uses; DeepSpeed-MoE and this project's runtime loop
+    # over experts) or "grouped" (one grouped-GEMM kernel for all of them: torch._grouped_mm in
+    # torchtitan, the grouped_gemm library behind Megatron's legacy GroupedMLP, DeepGEMM).
+    expert_gemm: Literal["per_expert", "grouped"] | None = None
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> RuntimeProfile:
