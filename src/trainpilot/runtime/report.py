@@ -11,9 +11,14 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     layout = summary.get("layout", {})
     mesh = " ".join(f"{k}={v}" for k, v in layout.get("mesh", {}).items())
     rows = [("layout", f"{layout.get('world_size')} ranks on {layout.get('backend')} ({mesh})"),
-            ("autocast", str(summary.get("autocast", ""))),
-            ("steps", str(summary.get("steps"))),
-            ("loss first → last", f"{summary['first_loss']:.4f} → {summary['last_loss']:.4f}")]
+            ("autocast", str(summary.get("autocast", "")))]
+    if "first_loss" not in summary:
+        # Resumed from a checkpoint at the last step (a stop signal that came after it): no
+        # step ran, so there are no losses or timings to report.
+        return [*rows, ("steps", "none trained by this command: the run had already reached "
+                                 "its last step")]
+    rows += [("steps", str(summary.get("steps"))),
+             ("loss first → last", f"{summary['first_loss']:.4f} → {summary['last_loss']:.4f}")]
     data = summary.get("data") or {}
     if "entropy_rate_nats" in data:
         rows.append(("loss floor (corpus entropy rate)",

@@ -81,6 +81,15 @@ class SaveHandle:
             raise
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Bound:
+    """What one save runs with, fixed when it is submitted (see ``Checkpointer._write_job``)."""
+
+    group: restore.Group
+    peer_offset: int
+    generation: int
+
+
 class Checkpointer:
     """Async, incremental, verified checkpoints with an in-memory peer tier (see module doc).
 
@@ -103,6 +112,9 @@ class Checkpointer:
         self._num_storage_saves = 0
         self.reports: deque[SaveReport] = deque(maxlen=256)  # the most recent saves
         self.errors: list[CheckpointWriteError] = []
+        # Bumped by every rebind: a save abandoned on the old group sees it and stops (its
+        # thread cannot be killed), never reaching the new group or the shared state below.
+        self._generation = 0
         self.rebind(process_group)
         self.node_memory: NodeMemory | None = None
         if config.node_memory_dir is not None:
@@ -120,6 +132,7 @@ class Checkpointer:
         to finish, then is abandoned (after a failure its collectives cannot complete)."""
         self._drain(raise_errors=False, timeout_s=self.config.drain_timeout_s
                     if drain_timeout_s is None else drain_timeout_s)
+        self._generation += 1
         self._destroy_group()
         if dist.is_available() and dist.is_initialized():
             pg = process_group if process_group is not None else dist.group.WORLD
@@ -196,11 +209,13 @@ class Checkpointer:
         if not deferred:
             staged.set_result(0.0)
         if self.config.async_save:
-            future = self._executor.submit(self._write_job, snap, report, deferred, staged)
+            future = self._executor.submit(self._write_job, snap, report, deferred, staged,
+                                           self._bound())
         else:
             future = Future()
             try:
-                future.set_result(self._write_job(snap, report, deferred, staged))
+                future.set_result(self._write_job(snap, report, deferred, staged,
+                                                  self._bound()))
             except BaseException as err:  # noqa: BLE001 (CheckpointException is a BaseException)
                 future.set_exception(err)
         # Measured after the hand-off: the writer thread may hold the GIL for a moment.
@@ -251,34 +266,52 @@ class Checkpointer:
             log.warning("%s", err)
             return None
 
+    def _bound(self) -> _Bound:
+        return _Bound(group=self.group, peer_offset=self.peer_offset,
+                      generation=self._generation)
+
+    def _check_current(self, snap: HostSnapshot, bound: _Bound) -> None:
+        """Stop a save whose group was replaced while it ran (abandoned by ``rebind``)."""
+        if bound.generation != self._generation:
+            raise CheckpointWriteError(snap.step, {bound.group.rank: RuntimeError(
+                "abandoned: the checkpoint group was rebuilt while this save ran")})
+
     def _write_job(self, snap: HostSnapshot, report: SaveReport, deferred: list,
-                   staged: Future) -> SaveReport:
+                   staged: Future, bound: _Bound) -> SaveReport:
+        # Every collective of this save runs on the group it was submitted on (``bound``),
+        # never on ``self.group``: after an in-process recovery rebinds, a save abandoned on
+        # the old group would otherwise carry on over the new one, out of step with the new
+        # saves there (a 60 s gloo timeout that broke the new group for good: seen in CI's
+        # 10 s partition test, the step-3 save in flight when the cut came).
+        group = bound.group
         if deferred:
             t = time.perf_counter()
             try:
                 fill_snapshot(snap, deferred)
             except BaseException as err:
                 staged.set_exception(err)
-                raise CheckpointWriteError(snap.step, {self.rank: err}) from err
+                raise CheckpointWriteError(snap.step, {group.rank: err}) from err
             report.copy_s = time.perf_counter() - t
             staged.set_result(report.copy_s)
         try:
             held = None
-            if self.config.in_memory_peer and self.world_size > 1:
+            if self.config.in_memory_peer and group.world_size > 1:
                 t = time.perf_counter()
-                held = ring_exchange(self.memory, snap, group=self.group.pg,
-                                     offset=self.peer_offset)
+                held = ring_exchange(self.memory, snap, group=group.pg,
+                                     offset=bound.peer_offset)
                 report.exchange_s = time.perf_counter() - t
+            self._check_current(snap, bound)
             if self.node_memory is not None:
                 self._spill(snap, held)
             if report.to_storage:
                 t = time.perf_counter()
-                self._write_storage(snap, report)
+                self._write_storage(snap, report, bound)
                 report.write_s = time.perf_counter() - t
         except CheckpointWriteError:
             raise
         except Exception as err:  # a failed peer exchange, a bad state, ...
-            raise CheckpointWriteError(snap.step, {self.rank: err}) from err
+            raise CheckpointWriteError(snap.step, {group.rank: err}) from err
+        self._check_current(snap, bound)
         self.reports.append(report)
         return report
 
@@ -295,7 +328,7 @@ class Checkpointer:
         except OSError as err:
             log.warning("step %d not kept in the node's memory folder: %s", snap.step, err)
 
-    def _write_storage(self, snap: HostSnapshot, report: SaveReport) -> None:
+    def _write_storage(self, snap: HostSnapshot, report: SaveReport, bound: _Bound) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
@@ -307,17 +340,19 @@ class Checkpointer:
             zstd_level=cfg.zstd_level, max_file_bytes=cfg.max_file_bytes,
             base=None if full else self._base, base_name=self._base_name, faults=self.faults,
         )
-        state = snap.dcp_state(rank=self.rank, is_coordinator=self.rank == 0)
+        group = bound.group
+        state = snap.dcp_state(rank=group.rank, is_coordinator=group.rank == 0)
         try:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*assuming the intent is to")
-                dcp.save(state, storage_writer=writer, process_group=self.group.pg,
-                         no_dist=self.group.pg is None)
+                dcp.save(state, storage_writer=writer, process_group=group.pg,
+                         no_dist=group.pg is None)
         except CheckpointException as err:
-            if self.rank == 0:
+            if group.rank == 0:
                 layout.remove_uncommitted(self.root)  # the torn folder is garbage
             failures = {r: (e[0] if isinstance(e, tuple) else e) for r, e in err.failures.items()}
             raise CheckpointWriteError(snap.step, failures) from None
+        self._check_current(snap, bound)  # committed on the old group: keep nothing of it
         self._num_storage_saves += 1
         self._base = writer.index if cfg.incremental else None
         self._base_name = writer.name
@@ -326,7 +361,7 @@ class Checkpointer:
         report.bytes_raw = writer.stats.bytes_raw
         report.bytes_written = writer.stats.bytes_written
         report.bytes_referenced = writer.stats.bytes_referenced
-        if self.rank == 0:
+        if group.rank == 0:
             assert writer.manifest_body is not None  # the coordinator's finish wrote it
             report.manifest_stats = dict(writer.manifest_body["stats"])
             report.removed = layout.apply_retention(self.root, keep_last=cfg.keep_last,

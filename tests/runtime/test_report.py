@@ -1,0 +1,16 @@
+"""The train summary's rows for a command that trained nothing: CI once sent the launcher its
+SIGTERM after the last step (12 of 12 saved as a preemption), so the rerun resumed at step 12,
+ran no step, and `trainpilot train` ended in a KeyError traceback printing the losses."""
+
+from __future__ import annotations
+
+from trainpilot.runtime.report import summary_rows
+from trainpilot.runtime.trainer import summarize
+
+
+def test_a_run_resumed_at_its_last_step_has_a_summary_without_losses():
+    summary = dict(summarize([], None), layout=dict(world_size=2, backend="gloo",
+                                                    mesh=dict(dp=2)), autocast="off")
+    rows = dict(summary_rows(summary))
+    assert rows["steps"].startswith("none trained by this command")
+    assert "loss first → last" not in rows and rows["layout"] == "2 ranks on gloo (dp=2)"
