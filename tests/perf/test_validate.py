@@ -210,3 +210,22 @@ def test_a_later_batch_is_held_out_only_and_summarised_apart(tmp_path):
     assert lines == [f"held-out, batch 1 {k} rows: mean |error| {over:.1%} > "
                      f"{BATCH_GATES[1][k]:.0%}"
                      for k in ("dense", "moe") if any(c.kind == k for c in cases)], lines
+
+
+def test_bias_is_signed_in_speed_whatever_the_published_quantity():
+    """A step time predicted at half the measured and a throughput predicted at twice the
+    measured are the same optimism: both +100% speed bias (the signed error on the published
+    quantity would read -50% and +100%, and pooled they would nearly cancel)."""
+    import dataclasses
+
+    from trainpilot.perf.validation import Result
+
+    cases = [c for c in source_cases() if c.split == HELD_OUT]
+    step = next(c for c in cases if c.metric == "step_time_s")
+    rate = dataclasses.replace(next(c for c in cases if c.metric == "tokens_per_s_per_gpu"
+                                    and c.kind == step.kind), dataset=step.dataset)
+    results = [Result(step, step.measured * 0.5), Result(rate, rate.measured * 2.0)]
+    assert [r.error for r in results] == [pytest.approx(-0.5), pytest.approx(1.0)]
+    assert [r.speed_error for r in results] == [pytest.approx(1.0), pytest.approx(1.0)]
+    (mine,) = [s for s in summarize(results) if s.dataset == step.dataset]
+    assert mine.bias == pytest.approx(1.0) and mine.mape == pytest.approx(0.75)

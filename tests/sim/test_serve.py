@@ -267,3 +267,20 @@ def test_fewer_sequences_than_attention_groups_are_paced_by_a_busy_group():
     # Still refused when the weights leave no room for one sequence.
     with pytest.raises(SpecError, match="no room"):
         simulate_serve(ds, h200, plan.replace(input_len=2_000_000, output_len=1), EFF)
+
+
+def test_serving_bias_counts_a_latency_as_an_inverse_speed():
+    """A TTFT predicted at half the measured is optimistic (+100% in speed), like a throughput
+    predicted at twice the measured."""
+    import dataclasses
+
+    from trainpilot.sim.serve_validation import ServeResult, _bundled_cases, summarize
+
+    cases = _bundled_cases()
+    ttft = next(c for c in cases if c.metric == "ttft_ms")
+    rate = dataclasses.replace(next(c for c in cases if c.metric.startswith("output_tokens")),
+                               source=ttft.source)
+    results = [ServeResult(ttft, ttft.measured * 0.5, None),
+               ServeResult(rate, rate.measured * 2.0, None)]
+    assert [r.speed_error for r in results] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert summarize(results)["sources"][ttft.source]["bias"] == pytest.approx(1.0)

@@ -143,8 +143,11 @@ def _run_validate(args, eff) -> int:
     if args.json:
         print_json(out)
         return 0 if s["passed"] else 1
-    table = Table(title="Sim2Infer against published serving measurements", title_justify="left")
-    for col in ("source", "split", "batch", "rows", "mean |error|", "max |error|", "bias"):
+    table = Table(title="Sim2Infer against published serving measurements", title_justify="left",
+                  caption="speed bias: mean of predicted / measured speed - 1 (+: optimistic; "
+                          "TTFT and TPOT count inverted)", caption_justify="left")
+    for col in ("source", "split", "batch", "rows", "mean |error|", "max |error|",
+                "speed bias"):
         table.add_column(col, justify="left" if col in ("source", "split") else "right")
 
     def add(label: str, split: str, batch: str, row: dict) -> None:

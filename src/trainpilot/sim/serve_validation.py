@@ -37,6 +37,7 @@ _SOURCE_KEYS = {"title", "url", "licence", "split", "how", "defaults", "cases", 
 METRICS = ("output_tokens_per_s_per_instance", "output_tokens_per_s_per_device",
            "output_tokens_per_s_per_node", "input_tokens_per_s_per_node", "ttft_ms",
            "tpot_ms")
+LATENCY_METRICS = ("ttft_ms", "tpot_ms")  # lower is faster
 # The efficiency fields `calibrate` fits, with their bounds, and where the fit starts: the
 # published figure each one stands for (FlashAttention-3's ~500 TFLOP/s causal BF16 forward on
 # H100, 0.5 of the peak; LMSYS's EPLB balancedness plot, ~1.5; a CUDA-graph kernel boundary,
@@ -70,6 +71,14 @@ class ServeResult:
     @property
     def error(self) -> float:
         return (self.predicted - self.case.measured) / self.case.measured
+
+    @property
+    def speed_error(self) -> float:
+        """Predicted speed / measured speed - 1 (+: optimistic): a latency (TTFT, TPOT) is the
+        inverse of a speed, so it counts as measured / predicted - 1."""
+        if self.case.metric in LATENCY_METRICS:
+            return self.case.measured / self.predicted - 1
+        return self.error
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -183,11 +192,13 @@ def run(eff: ServeEfficiency | None = None, cases: list[ServeCase] | None = None
 
 
 def summarize(results: list[ServeResult]) -> dict[str, Any]:
-    """Per source and per split: rows, mean |error|, max |error|, mean signed error."""
+    """Per source and per split: rows, mean |error|, max |error|, and the bias: the mean signed
+    error in speed (``ServeResult.speed_error``; +: optimistic, latencies inverted)."""
     def stats(rows: list[ServeResult]) -> dict[str, float]:
         errs = [r.error for r in rows]
         return dict(rows=len(rows), mean_abs_error=statistics.mean(abs(e) for e in errs),
-                    max_abs_error=max(abs(e) for e in errs), bias=statistics.mean(errs))
+                    max_abs_error=max(abs(e) for e in errs),
+                    bias=statistics.mean(r.speed_error for r in rows))
 
     by_source: dict[str, list[ServeResult]] = {}
     for r in results:

@@ -3,7 +3,10 @@
 Error of a row: (predicted - measured) / measured, on the quantity the source published (step
 time, tokens/s per GPU or TFLOP/s per GPU in its FLOP convention). A source's score is the mean
 absolute error over its rows with the maximum beside it, per split and per kind (dense or MoE
-model; memory rows apart). The committed gates ``trainpilot validate`` exits 1 on:
+model; memory rows apart). Its bias is signed in speed for every time row, whatever the
+published quantity: predicted speed / measured speed - 1, so + is optimistic (a step predicted
+shorter, a throughput predicted higher) and sources that publish step times pool with those
+that publish throughput; memory rows keep the signed error. The committed gates ``trainpilot validate`` exits 1 on:
 
 * ``THRESHOLDS``: every calibration/development dataset's mean |error| (regression gates);
 * ``HELD_OUT_GATES``: the pooled mean |error| of all held-out time rows, dense and MoE apart.
@@ -59,6 +62,14 @@ class Result:
         return (self.predicted - self.case.measured) / self.case.measured
 
     @property
+    def speed_error(self) -> float:
+        """Predicted speed / measured speed - 1 (+: optimistic) for a time row; ``error`` for
+        a memory row. A step time is the inverse of a speed: measured / predicted - 1."""
+        if self.predicted is None or self.kind != "time" or self.case.metric != "step_time_s":
+            return self.error
+        return self.case.measured / self.predicted - 1
+
+    @property
     def kind(self) -> str:
         return "time" if self.case.metric in TIME_METRICS else "memory"
 
@@ -71,7 +82,7 @@ class Summary:
     count: int
     mape: float
     max_ape: float
-    bias: float  # mean signed error
+    bias: float  # mean signed error in speed (Result.speed_error; + optimistic)
     model_kind: str = "all"  # dense | moe | all
     refused: int = 0
 
@@ -178,13 +189,15 @@ def run(cases: list[Case], curve: EfficiencyCurve | None = None) -> list[Result]
 
 
 def _summary(dataset, split, kind, model_kind, results) -> Summary:
-    errs = [r.error for r in results if r.predicted is not None]
-    refused = sum(r.predicted is None for r in results)
+    done = [r for r in results if r.predicted is not None]
+    errs = [r.error for r in done]
+    refused = len(results) - len(done)
     if not errs:
         return Summary(dataset, split, kind, 0, float("nan"), float("nan"), float("nan"),
                        model_kind, refused)
+    bias = sum(r.speed_error for r in done) / len(done)
     return Summary(dataset, split, kind, len(errs), sum(map(abs, errs)) / len(errs),
-                   max(map(abs, errs)), sum(errs) / len(errs), model_kind, refused)
+                   max(map(abs, errs)), bias, model_kind, refused)
 
 
 POOLED = "all held-out"
