@@ -23,7 +23,8 @@ _KEYS = {"gemm_efficiency", "flash_attention_efficiency", "hbm_efficiency",
          "host_us_per_kernel", "host_us_per_collective", "overlap_slowdown", "reserved_gib"}
 # Optional keys and their defaults (files written before they existed stay valid).
 _OPTIONAL = {"collective_library": "nccl", "host_us_per_sharded_op": 0.0,
-             "fused_attention_efficiency": None, "stack_host_us_per_kernel": None}
+             "fused_attention_efficiency": None, "stack_host_us_per_kernel": None,
+             "fp8_gemm_share": None}
 # FlashAttention v1 runs at half FlashAttention-2's throughput (Dao 2023, "FlashAttention-2":
 # "2x faster than FlashAttention", forward + backward).
 FLASH1_SHARE = 0.5
@@ -51,6 +52,9 @@ class EfficiencyCurve:
     # Python-heavy 2022 Megatron-DeepSpeed: {"megatron-legacy": 63.2}; other stacks use
     # host_us_per_kernel.
     stack_host_us_per_kernel: tuple[tuple[str, float], ...] = ()
+    # An FP8 GEMM's achieved share of the FP8 peak over a BF16 GEMM's of the BF16 peak on this
+    # device family (None: FP8_GEMM_SHARE, the Hopper figure).
+    fp8_gemm_share: float | None = None
     _xs: tuple[float, ...] = field(init=False, repr=False, compare=False)
     _ys: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
@@ -81,6 +85,9 @@ class EfficiencyCurve:
         if self.collective_library not in _LIBRARIES:
             raise SpecError(f"efficiency.{self.name}.collective_library",
                             self.collective_library, f"valid: {', '.join(_LIBRARIES)}")
+        if self.fp8_gemm_share is not None and not 0 < self.fp8_gemm_share <= 1.5:
+            raise SpecError(f"efficiency.{self.name}.fp8_gemm_share", self.fp8_gemm_share,
+                            "valid: a ratio in (0, 1.5]")
         if self.host_us_per_sharded_op < 0:
             raise SpecError(f"efficiency.{self.name}.host_us_per_sharded_op",
                             self.host_us_per_sharded_op, "valid: >= 0")
@@ -112,7 +119,9 @@ class EfficiencyCurve:
                     **({"fused_attention_efficiency": self.fused_attention_efficiency}
                        if self.fused_attention_efficiency is not None else {}),
                     **({"stack_host_us_per_kernel": dict(self.stack_host_us_per_kernel)}
-                       if self.stack_host_us_per_kernel else {}))
+                       if self.stack_host_us_per_kernel else {}),
+                    **({"fp8_gemm_share": self.fp8_gemm_share}
+                       if self.fp8_gemm_share is not None else {}))
 
     def host_us_for(self, stack: str) -> float:
         """Host time per kernel of ``stack`` (its own measured value, else the device's)."""
@@ -135,7 +144,8 @@ class EfficiencyCurve:
                     collective_library=self.collective_library,
                     host_us_per_sharded_op=self.host_us_per_sharded_op,
                     fused_attention_efficiency=self.fused_attention_efficiency,
-                    stack_host_us_per_kernel=self.stack_host_us_per_kernel)
+                    stack_host_us_per_kernel=self.stack_host_us_per_kernel,
+                    fp8_gemm_share=self.fp8_gemm_share)
         data.update(changes)
         return EfficiencyCurve(**data)
 
@@ -165,6 +175,8 @@ def curve_from_dict(name: str, data: dict[str, Any]) -> EfficiencyCurve:
                                     else None),
         stack_host_us_per_kernel=tuple(sorted(
             (str(k), float(v)) for k, v in (data.get("stack_host_us_per_kernel") or {}).items())),
+        fp8_gemm_share=(float(data["fp8_gemm_share"])
+                        if data.get("fp8_gemm_share") is not None else None),
     )
 
 
@@ -241,6 +253,11 @@ def curve_for(cluster: ClusterSpec) -> EfficiencyCurve:
 # TFLOP/s maximum achievable BF16 matmul of an H100 SXM, 0.80 of its peak (Bekman,
 # ml-engineering): 0.668 / 0.80. So an FP8 GEMM is 1.67x, not 2x, its BF16 twin.
 FP8_GEMM_SHARE = 0.668 / 0.80
+
+
+def fp8_gemm_share(curve: EfficiencyCurve) -> float:
+    """The device family's FP8 share (its ``fp8_gemm_share``, else the Hopper figure)."""
+    return FP8_GEMM_SHARE if curve.fp8_gemm_share is None else curve.fp8_gemm_share
 # FP8_CAST_BYTES: HBM bytes per element to quantize a GEMM input (the forward's activation, the
 # backward's output gradient): Transformer Engine's fused cast-transpose reads it in 16 bits and
 # writes the row-wise and the column-wise (transposed, for the other GEMMs of the backward)
@@ -258,7 +275,7 @@ class Device:
     curve: EfficiencyCurve
     rated_flops: float = 0.0  # the datasheet peak (what MFU is quoted against); 0: peak_flops
     fp8: bool = False  # the plan's linear layers run FP8 GEMMs
-    fp8_flops: float = 0.0  # their dense FP8 peak x FP8_GEMM_SHARE (at the capped clock)
+    fp8_flops: float = 0.0  # their dense FP8 peak x fp8_gemm_share (at the capped clock)
 
     @property
     def nominal_flops(self) -> float:
@@ -322,7 +339,7 @@ def device_model(cluster: ClusterSpec, precision: str,
     return Device(
         peak_flops=spec.peak_flops(sixteen) * spec.clock_factor,
         fp8=precision == "fp8",
-        fp8_flops=spec.peak_flops("fp8") * spec.clock_factor * FP8_GEMM_SHARE,
+        fp8_flops=spec.peak_flops("fp8") * spec.clock_factor * fp8_gemm_share(curve),
         rated_flops=spec.peak_flops(precision),
         hbm_bytes_per_s=spec.hbm_gbytes_per_s * 1e9 * curve.hbm_efficiency,
         hbm_bytes=spec.hbm_gib * 2**30,

@@ -162,9 +162,10 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
         out.append("the zero-bubble schedule is modelled (as the step simulator runs it), "
                    "not validated")
     if plan.precision == "fp8":
-        from trainpilot.perf.hardware import FP8_GEMM_SHARE
+        from trainpilot.perf.hardware import curve_for, fp8_gemm_share
 
-        out.append(f"fp8: the linear layers' GEMMs at the fp8 peak x {FP8_GEMM_SHARE:.3f} "
+        share = fp8_gemm_share(curve_for(cluster))
+        out.append(f"fp8: the linear layers' GEMMs at the fp8 peak x {share:.3f} "
                    "(an FP8 GEMM's measured share over a BF16 one's) plus their inputs' "
                    "cast-transposes; attention and the LM head in bf16; checked on H100 FP8 "
                    "runs collected blind, optimistic on B200")
