@@ -73,8 +73,10 @@ Twelve sets (``SETS``), apart by configuration, not only by seed:
   peak LRs and seeds no development run has, the schedules by the sets' rotation. It tests the
   refit of a floor that runs to zero (``forecast.B_FLOOR_UNSEEN``, chosen on sets 1-11) with the
   interval table refitted from 11 sets by the same code. Its configuration was fixed on
-  2026-12-06 before any of its runs was trained. A next test set is development once it has
-  been scored.
+  2026-12-06 before any of its runs was trained; trained and committed unscored; scored once on
+  2026-12-06: 80 % interval covered 31 of 36 (86 %: met, within 10 points), median error at
+  half the run 6.18 % (missed; the plain law 3.05 %; a quarter and three quarters of the run:
+  3.00 % and 0.64 %). A next test set is development once it has been scored.
 
 Scoring, as issue 17 asks: at 25 / 50 / 75 % of each run the forecaster sees the curve so far and
 predicts the final loss. Truth: the final model's mean loss on ``EVAL_WINDOWS`` windows of the
