@@ -196,8 +196,9 @@ def load_curves(path: str | Path | None = None) -> dict[str, EfficiencyCurve]:
 
 # The roofline default for a device without efficiency data (docs/cost_model.md, "Devices"):
 # the best large-GEMM share typical of tensor-core accelerators (A100 0.87, H100 0.81 in short
-# bursts, B200 0.74: their mean), a kernel floor of a few microseconds, and the rest of the
-# data at typical values.
+# bursts; chosen when the B200 figure was a vendor-level 0.74, which made the mean 0.80: its
+# measured best-shape burst share is 0.78, Bekman's MAMF), a kernel floor of a few microseconds,
+# and the rest of the data at typical values.
 ROOFLINE_CEILING = 0.80
 ROOFLINE_KERNEL_FLOOR_S = 5e-6
 ROOFLINE_HBM_EFFICIENCY = 0.8
