@@ -317,6 +317,42 @@ def test_a_suffixed_loss_field_is_read_for_nan_and_the_loss_scale_is_not_a_loss(
     assert DIAGNOSER.diagnose_texts({"a.log": '{"loss_scale": "inf"}\n'}).category == "unknown"
 
 
+def test_the_metric_gates_stay_open_wherever_their_rules_match():
+    # A healthy chunk skips three regex scans when the gates stay shut ("of nan iterations",
+    # "INFO", "iterations:   0" on every line); they must open wherever a rule would match.
+    from trainpilot.health import metriclines as ml
+
+    fields = [b"grad norm: nan |", b"'grad_norm': inf,", b"norm=infinity\n", b"norm\n nan",
+              b"train_loss_step=nan]", b"loss_avg: -inf ", b"norm: +infinity"]
+    counters = [b"number of skipped iterations:   3 |", b"number of nan iterations:  12 |"]
+    healthy = (b"node1 NCCL INFO Channel 00/0 | number of skipped iterations:   0 | number of nan "
+               b"iterations:   0 | grad norm: 0.227 | nanoseconds 12 | inference info\n")
+    for text in fields + counters:
+        expected = (bool(ml.GRAD_NONFINITE.search(text) or ml.LOSS_SUFFIX_NONFINITE.search(text)),
+                    bool(ml.MEGATRON_COUNTS.search(text)))
+        assert expected == (text in fields, text in counters), text
+        for chunk in (text, healthy + text, text + b"\n" + healthy):
+            assert ml._gates(chunk) == expected, chunk
+    assert ml._gates(healthy * 50) == (False, False)
+    # Negative control: an inf gate without "inity" stays shut on "norm=infinity".
+    old = ml._GATES
+    try:
+        ml._GATES = re.compile(rb"n(?:an(?![a-z0-9])(?<!of nan)|f(?<=inf)(?![a-z0-9]))")
+        assert ml._gates(b"norm=infinity\n") == (False, False)
+    finally:
+        ml._GATES = old
+
+
+def test_count_newlines_is_bytes_count_across_blocks():
+    from trainpilot.health.logscan import COUNT_BLOCK_BYTES, count_newlines
+
+    data = b"".join(b"x" * (i % 97) + b"\n" for i in range(20000))
+    assert len(data) > 2 * COUNT_BLOCK_BYTES
+    for start, end in ((0, None), (0, len(data)), (5, COUNT_BLOCK_BYTES + 7), (1000, 1100),
+                       (COUNT_BLOCK_BYTES - 1, 3 * COUNT_BLOCK_BYTES), (len(data), None), (9, 3)):
+        assert count_newlines(data, start, end) == data.count(b"\n", start, end)
+
+
 def test_stack_dumps_in_collectives_are_a_hang_but_tracebacks_are_not():
     # py-spy dump ("    name (file:line)") and faulthandler ('File "f", line N in name').
     for line in ("    barrier (torch/distributed/distributed_c10d.py:4166)",

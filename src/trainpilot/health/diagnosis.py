@@ -43,6 +43,7 @@ import yaml
 from trainpilot.health.logscan import (
     Chunk,
     Prefilter,
+    count_newlines,
     iter_chunks,
     open_log,
     text_chunks,
@@ -310,7 +311,7 @@ class Diagnoser:
             dropped: list[tuple[int, int]] = []
             spans = self._prefilter.line_spans(chunk.low, dropped=dropped)
             for start, end in spans:
-                line_no += data.count(b"\n", counted, start)
+                line_no += count_newlines(data, counted, start)
                 counted = start
                 line = chunk.line(start, end)
                 only = self._worth_trying(line.lower())
@@ -450,7 +451,7 @@ def _errorish_lines(chunk: Chunk) -> list[str]:
     start = data.rfind(b"\n", 0, pos) + 1
     end = data.find(b"\n", pos)
     line = chunk.line(start, len(data) if end < 0 else end)
-    line_no = chunk.first_line + data.count(b"\n", 0, start)
+    line_no = chunk.first_line + count_newlines(data, 0, start)
     return [f"{line_no}: {line.strip()}"]
 
 

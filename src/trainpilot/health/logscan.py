@@ -25,12 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO, Protocol
 
+import numpy as np
+
 from trainpilot.specs.errors import SpecError
 
 if TYPE_CHECKING:
     from ahocorasick_rs import BytesAhoCorasick
 
 CHUNK_BYTES = 8 << 20
+COUNT_BLOCK_BYTES = 1 << 18  # numpy counts line breaks in blocks this size (a cache-sized temp)
 SNIFF_BYTES = 8192
 PIECE_BYTES = 1 << 20  # the most a broken compressed stream can lose (``_Prefixed.read``)
 MIN_TRIGGER = 3
@@ -178,9 +181,21 @@ class Chunk:
         return self.data[start:end].decode("utf-8", errors="replace")
 
 
+def count_newlines(data: bytes, start: int = 0, end: int | None = None) -> int:
+    """Line breaks in ``data[start:end]`` (``0 <= start``; ``end`` None: to the end), as
+    ``data.count(b"\\n", start, end)``. numpy's vectorised compare counts a long range about four
+    times faster than the byte loop of ``bytes.count`` (benchmarks/diagnose_speed.py)."""
+    end = len(data) if end is None else min(end, len(data))
+    if end - start < COUNT_BLOCK_BYTES // 8:  # a short range: numpy's call costs more
+        return data.count(b"\n", start, end)
+    view = np.frombuffer(data, dtype=np.uint8)
+    return sum(int(np.count_nonzero(view[i:min(i + COUNT_BLOCK_BYTES, end)] == 10))
+               for i in range(start, end, COUNT_BLOCK_BYTES))
+
+
 def _chunk(data: bytes, first_line: int) -> Chunk:
     return Chunk(data=data, low=data.lower(), first_line=first_line,
-                 num_lines=data.count(b"\n"))
+                 num_lines=count_newlines(data))
 
 
 def iter_chunks(stream: ByteStream, *, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Chunk]:
@@ -192,14 +207,15 @@ def iter_chunks(stream: ByteStream, *, chunk_bytes: int = CHUNK_BYTES) -> Iterat
             if carry:
                 yield _chunk(carry, line)
             return
-        if carry:
-            data = carry + data
         cut = data.rfind(b"\n") + 1
         if cut == 0:
-            carry = data
+            carry += data
             continue
-        chunk = _chunk(data if cut == len(data) else data[:cut], line)
+        # The carried partial line and this read's whole lines, copied once.
+        body = data if not carry and cut == len(data) else b"".join(
+            (carry, memoryview(data)[:cut]))
         carry = data[cut:]
+        chunk = _chunk(body, line)
         yield chunk
         line += chunk.num_lines
 

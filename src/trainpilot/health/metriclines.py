@@ -49,14 +49,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainpilot.health.logscan import count_newlines
+
 SPIKE_RATIO, SPIKE_Z, SPIKE_WINDOW = 2.0, 8.0, 20
 OVERFLOW_STREAK, SKIP_CALIBRATION, SKIP_FRACTION, SKIP_MIN_STEPS, FLOOR_LINES = 3, 64, 0.5, 10, 2
 DRIFT_FRACTION, DRIFT_MIN_POINTS, DRIFT_SKIP, DRIFT_CONSISTENCY = 0.04, 80, 5, 0.75
-_NUM = rb"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|[-+]?inf(?:inity)?)"
+# An optional group is written ``(?:x|)``, not ``(?:x)?``: the same matches in the same order of
+# trial, but `re` runs a branch without the repeat bookkeeping ``?`` on a group costs, and LOSS
+# tries a match at every "loss" of a chunk (with the possessive runs below, half of LOSS's time;
+# benchmarks/diagnose_speed.py).
+_NUM = rb"([-+]?(?:\d+(?:\.\d*|)|\.\d+)(?:e[-+]?\d+|)|nan|[-+]?inf(?:inity|))"
 # On the lower-cased bytes of a chunk. Each starts with a literal so that `re` scans for it at
 # C speed; what precedes is checked after a match.
 # "loss 3.99", "loss: nan", "loss=2.1", "'loss': 2.0", and BigDL's / Java's "Loss is Infinity."
-LOSS = re.compile(rb"loss(?:es)?[\"']?\s*(?:[:=]\s*|\s+(?:is\s+)?)[\"']?" + _NUM
+# The separator's whitespace runs are possessive (``*+``): what follows each is not whitespace,
+# so giving some back never leads to a match, and `re` no longer tries.
+LOSS = re.compile(rb"loss(?:es|)[\"']?(?:\s*+[:=]\s*+|\s++(?:is\s++|))[\"']?" + _NUM
                   + rb"(?![a-z0-9])")
 GRAD_NONFINITE = re.compile(rb"norm[\"']?\s*(?:[:=]\s*|\s+)[\"']?(nan|[-+]?inf(?:inity)?)(?![a-z0-9])")
 # A loss field with a suffix (Lightning's ``train_loss_step=nan`` / ``loss_epoch``, ``loss_avg``):
@@ -101,11 +109,45 @@ THROUGHPUT = (  # (regex, literal first; higher is better)
     (re.compile(rb" time\s*[:=]?\s*([\d.]+)\s*ms(?![a-z])"), False),
 )
 THROUGHPUT_SAMPLE_BYTES = 1 << 20  # throughput is read from the first MB of each 8 MB chunk
+# A literal every match of each THROUGHPUT regex holds: where it is absent (a log prints one or
+# two of these fields), an `in` test skips the regex's scan at a fraction of its cost.
+_THROUGHPUT_LITERALS = (b"token", b"tok/s", b"tps", b"samples per second", b"(ms)", b" time")
 # Literals whose absence lets a chunk skip a rule. A caller that already runs a literal prefilter
 # over the chunk (the diagnoser's automaton) can say which of them it holds (``feed(present=)``)
 # instead of two more scans of 8 MB (10 % of a healthy chunk's time).
 PRESENCE_LITERALS = (b"overflow", b"skipped=")
 _EVAL_BYTES = tuple(w.encode() for w in ("val", "eval", "valid", "test", "validation"))
+
+
+# Gates: necessary conditions for a rule's regex to match anywhere in a chunk, cheaper to scan for
+# than the rule's own match (`re` pays for every occurrence of a pattern's first character, and
+# "norm" and "number of" start with the frequent "n"). A healthy chunk fails them and skips the
+# rules' scans; otherwise the rules' regexes run as before, so no result depends on the gates.
+# GRAD_NONFINITE's and LOSS_SUFFIX_NONFINITE's value is a "nan" followed by a non-alphanumeric
+# after a separator (quote, whitespace, ':' or '='; never "of ", as in Megatron-LM's "number of
+# nan iterations" on each of its iteration lines), or an "inf" or "infinity" followed by a
+# non-alphanumeric (not "INFO"). MEGATRON_COUNTS needs an "iterations:" followed by
+# ``\s*[1-9]``, which "   0" never is (Megatron-LM prints the counters as "{:3d}"). Each gate is
+# written from the "n" it holds, so one scan, with the one-character prefix `re` finds fastest,
+# tests all three (half the time of two scans).
+_NAN_AFTER_N = rb"an(?![a-z0-9])(?<!of nan)"
+_INF_AFTER_N = rb"f(?<=inf)(?:inity|)(?![a-z0-9])"
+_COUNT_AFTER_N = rb"s:(?<=iterations:)(?!   0)"
+NONFINITE_GATE = re.compile(rb"n(?:" + _NAN_AFTER_N + rb"|" + _INF_AFTER_N + rb")")
+COUNTS_GATE = re.compile(rb"iterations:(?!   0)")
+_GATES = re.compile(rb"n(?:" + _NAN_AFTER_N + rb"|" + _INF_AFTER_N + rb"|(" + _COUNT_AFTER_N
+                    + rb"))")
+
+
+def _gates(low: bytes) -> tuple[bool, bool]:
+    """(whether GRAD_NONFINITE or LOSS_SUFFIX_NONFINITE may match in ``low``, whether
+    MEGATRON_COUNTS may): one scan where neither may, a second where one gate opens."""
+    m = _GATES.search(low)
+    if m is None:
+        return False, False
+    if m.group(1) is not None:  # a counter opened it first
+        return NONFINITE_GATE.search(low) is not None, True
+    return True, COUNTS_GATE.search(low) is not None
 
 
 def _floats(texts: list[bytes]) -> np.ndarray:
@@ -122,6 +164,17 @@ def _floats(texts: list[bytes]) -> np.ndarray:
             except ValueError:
                 out[i] = np.nan
         return out
+
+
+def _window_nanmin(y: np.ndarray) -> np.ndarray:
+    """``np.nanmin`` of each window of ``SPIKE_WINDOW`` consecutive values of ``y`` (NaN where
+    all are NaN), as ``np.fmin`` over shifted views: a tenth of the time of ``np.nanmin`` over a
+    sliding-window view, which reduces 20 values at a time."""
+    n = len(y) - SPIKE_WINDOW + 1
+    out = y[:n].copy()
+    for k in range(1, SPIKE_WINDOW):
+        np.fmin(out, y[k:k + n], out=out)
+    return out
 
 
 def _nth(regex, text: str, k: int, *, start: int = 0):
@@ -141,9 +194,9 @@ def _locate(chunk, pos: int) -> tuple[int, str]:
     end = len(data) if end < 0 else end
     # Count from the nearer end of the chunk.
     if start > len(data) // 2:
-        line_no = chunk.first_line + chunk.num_lines - data.count(b"\n", start)
+        line_no = chunk.first_line + chunk.num_lines - count_newlines(data, start)
     else:
-        line_no = chunk.first_line + data.count(b"\n", 0, start)
+        line_no = chunk.first_line + count_newlines(data, 0, start)
     return line_no, chunk.line(start, end)
 
 
@@ -187,15 +240,17 @@ class MetricScanner:
             self.losses.extend(values.tolist())
         want_nan = (self.first_nonfinite is None
                     or self.first_nonfinite.line_no >= chunk.first_line)
+        want_counts = want_nan or self.scale_collapse is None
+        maybe_nonfinite, maybe_counts = _gates(low) if want_counts else (False, False)
         counts = ([(m.group(1), m.start(), int(m.group(2))) for m in MEGATRON_COUNTS.finditer(low)]
-                  if want_nan or self.scale_collapse is None else [])
+                  if want_counts and maybe_counts else [])
         if want_nan:
-            self._other_nonfinite(chunk, [c for c in counts if c[0] == b"nan"])
+            self._other_nonfinite(chunk, [c for c in counts if c[0] == b"nan"], maybe_nonfinite)
         if self.scale_collapse is None:
             self._loss_scale(chunk, [c for c in counts if c[0] == b"skipped"], present)
         sample = low[:THROUGHPUT_SAMPLE_BYTES]
         for index, (regex, _) in enumerate(THROUGHPUT):
-            found = regex.findall(sample)
+            found = regex.findall(sample) if _THROUGHPUT_LITERALS[index] in sample else []
             if not found:
                 continue
             v = _floats([t.replace(b",", b"") for t in found] if any(b"," in t for t in found[:64])
@@ -205,12 +260,15 @@ class MetricScanner:
             if last is not None:
                 self._last_line[index] = _locate(chunk, last.start())
 
-    def _other_nonfinite(self, chunk, nan_counts: list[tuple[bytes, int, int]]) -> None:
-        """A NaN/inf grad norm or suffixed loss field, or Megatron-LM's NaN-iteration counter, in
-        this chunk; the earliest line wins (also over a NaN loss this chunk already gave)."""
+    def _other_nonfinite(self, chunk, nan_counts: list[tuple[bytes, int, int]],
+                         maybe_fields: bool) -> None:
+        """A NaN/inf grad norm or suffixed loss field (looked for where ``maybe_fields``: the
+        gate), or Megatron-LM's NaN-iteration counter, in this chunk; the earliest line wins
+        (also over a NaN loss this chunk already gave)."""
         low = chunk.low
         found: list[tuple[int, str]] = []
-        for regex, what in ((GRAD_NONFINITE, "grad norm"), (LOSS_SUFFIX_NONFINITE, "loss")):
+        fields = ((GRAD_NONFINITE, "grad norm"), (LOSS_SUFFIX_NONFINITE, "loss"))
+        for regex, what in fields if maybe_fields else ():
             m = regex.search(low)
             if m is not None:
                 found.append((m.start(), f"{what} is {m.group(1).decode()}"))
@@ -218,9 +276,10 @@ class MetricScanner:
             _, pos, count = nan_counts[0]
             found.append((pos, f"Megatron-LM counted {count} iteration(s) whose loss was NaN "
                                "or inf"))
-        # No `in` test first: the regex's literal scan costs the same where the literal is
-        # absent, and a Megatron log, where it is on every line, would pay for both.
-        m = MEGATRON_NO_LOSS.search(low)
+        # An `in` test first: where the literal is absent it costs under half the regex's scan
+        # (`bytes` search skips ahead over a long needle; `re` steps byte by byte), and in a
+        # Megatron log it stops at the first iteration line.
+        m = MEGATRON_NO_LOSS.search(low) if b"global batch size:" in low else None
         if m is not None:
             found.append((m.start(), "the Megatron-LM iteration line has no loss field: "
                                      "training_log leaves out a loss whose average is not "
@@ -307,7 +366,7 @@ class MetricScanner:
         with np.errstate(invalid="ignore"):
             # A spike is > 2x the window's median, hence > 2x its minimum: test that first.
             rough = np.flatnonzero(np.isfinite(current)
-                                   & (current > SPIKE_RATIO * np.nanmin(windows, axis=1)))
+                                   & (current > SPIKE_RATIO * _window_nanmin(y[:-1])))
             med = np.full(len(current), np.nan)
             if len(rough):
                 med[rough] = np.nanmedian(windows[rough], axis=1)
