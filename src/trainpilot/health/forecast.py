@@ -93,7 +93,7 @@ NOISE_K = 0.06
 # (the loss has a floor above zero) and forecasts too low. On the 132 development runs of
 # benchmarks/forecast_coverage.py (sets 1-11), 73 of the forecasts at half the run ended at
 # c = 0, and they sat 5.1 % below the truth (median), where the others sat 2.1 % above; sets 10
-# and 11, every one of whose forecasts at half the run was 12-16 % low, were nearly all of that
+# and 11, every one of whose forecasts at half the run was 9-16 % low, were nearly all of that
 # kind. Such a fit is refitted with the exponent fixed at B_FLOOR_UNSEEN, the median exponent of
 # the development fits that did place a floor (0.92 at half the run, 0.95 at three quarters:
 # their interquartile range 0.62-1.14), so the floor and the scale come from the data and the
