@@ -10,7 +10,7 @@ times the share of the burst throughput sustained in training:
 * H100 (``efficiency.yaml``'s h100 curve, built earlier from the same project's sm_90 table):
   0.763, the one factor fitted on the H100 calibration source (NVIDIA's DGX Cloud recipes);
 * B200: that factor times the B200's measured sustained-over-burst ratio relative to the
-  H200's (``SUSTAINED_OVER_BURST``), so the only fitted number stays the H100 one and the
+  H200's (``sustained_over_burst``), so the only fitted number stays the H100 one and the
   B200's extra loss under power saturation is a measurement, not a fit.
 
 Nothing here was fitted to a validation row.
@@ -27,14 +27,15 @@ from importlib import resources
 # The share of OpenXLA's burst GEMM table sustained in multi-hour training on H100, fitted on
 # dgxc_2024 (perf/validation/calibrate.py: the h100 curve's scale).
 H100_SUSTAINED_SHARE = 0.763
-# Sustained (MSMF: matmul rate with the GPU soaked at its power limit, every GPU of the node
-# computing) over burst (MAMF: best-shape boost burst) bf16 matmul TFLOP/s, measured with the
-# same tool and protocol on both chips, all 8 GPUs x 5 rounds: S. Bekman, ml-engineering,
+# (sustained, burst) bf16 matmul TFLOP/s - MSMF, the GPU soaked at its power limit, and MAMF,
+# the best-shape boost burst - measured with the same tool and protocol on both chips, all 8
+# GPUs of a node computing, 5 rounds: S. Bekman, ml-engineering,
 # compute/accelerator/benchmarks/README.md, "What we measured: alone vs all-8 concurrent"
-# (B200: 1426.4 / 1751.2, torch 2.13.0+cu130; H200: 698.6 / 823.9, torch 2.14 dev). The H200
-# stands in for the H100 (the same GH100 die and 700 W board limit; its extra HBM does not
-# enter a compute-bound matmul).
-SUSTAINED_OVER_BURST = {"b200": 1426.4 / 1751.2, "h200": 698.6 / 823.9}
+# (B200 torch 2.13.0+cu130; H200 torch 2.14 dev). The H200 stands in for Hopper (the H100's
+# GH100 die and 700 W board limit; its extra HBM does not enter a compute-bound matmul). Their
+# dense bf16 peaks beside them.
+MATMUL_ALL_BUSY_TFLOPS = {"b200": (1426.4, 1751.2), "hopper": (698.6, 823.9)}
+BF16_PEAK_TFLOPS = {"b200": 2250.0, "hopper": 989.0}
 # Best-shape burst matmul TFLOP/s over the dense peak (MAMF), bf16 and fp8, from the same
 # source's comparison table (compute/accelerator/README.md and its H200-to-B200 guide): Hopper
 # (H100/H200 SXM) 794.5 / 989 and 1453.4 / 1979; B200 1745.0 / 2250 and 3432.5 / 4500.
@@ -69,10 +70,16 @@ def binned_medians(arch: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
+def sustained_over_burst(device: str) -> float:
+    """MSMF / MAMF of ``device`` (b200 or hopper): what power saturation takes off a burst."""
+    sustained, burst = MATMUL_ALL_BUSY_TFLOPS[device]
+    return sustained / burst
+
+
 def b200_sustained_share() -> float:
     """The H100's fitted sustained share, scaled by the B200's measured power-saturation loss
     relative to the H200's (0.733)."""
-    return H100_SUSTAINED_SHARE * SUSTAINED_OVER_BURST["b200"] / SUSTAINED_OVER_BURST["h200"]
+    return H100_SUSTAINED_SHARE * sustained_over_burst("b200") / sustained_over_burst("hopper")
 
 
 def b200_fp8_share() -> float:
@@ -103,9 +110,10 @@ def saturation_share(device: str) -> float:
     (0.618 of peak against the H200's MSMF of 0.706: 0.875). On H100 the table's top bins have
     already levelled off there; on B200 they still rise at the table's largest shapes (5.5e11
     FLOPs), so the curve is extended to that level at ``SATURATION_LOG10``."""
-    msmf = {"b200": (1426.4, 2250.0), "hopper": (698.6, 989.0)}
-    h100_end = H100_CURVE_END / (msmf["hopper"][0] / msmf["hopper"][1])
-    return h100_end * msmf[device][0] / msmf[device][1]
+    def msmf_share(name: str) -> float:
+        return MATMUL_ALL_BUSY_TFLOPS[name][0] / BF16_PEAK_TFLOPS[name]
+
+    return H100_CURVE_END / msmf_share("hopper") * msmf_share(device)
 
 
 # The h100 curve's last point (efficiency.yaml), and where a table that has not levelled off
@@ -117,6 +125,6 @@ SATURATION_LOG10 = 12.5
 def b200_points() -> tuple[tuple[float, float], ...]:
     """The b200 curve of ``efficiency.yaml`` (its dense bf16 peak: 2,250 TFLOP/s): the table's
     bins, then the saturation point."""
-    points = derived_points("sm_100", 2250e12, b200_sustained_share())
+    points = derived_points("sm_100", BF16_PEAK_TFLOPS["b200"] * 1e12, b200_sustained_share())
     end = round(saturation_share("b200"), 5)
     return points + ((SATURATION_LOG10, max(end, points[-1][1])),)
