@@ -5,6 +5,8 @@ probes between sinks on this machine's loopback. The shaped-link case, end to en
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import time
 
 import pytest
@@ -77,6 +79,28 @@ def test_probes_between_live_sinks_on_loopback_are_recorded_and_judged(tmp_path)
     speeds = link_speeds(read_probes(tmp_path))
     assert len(speeds) == 3
     assert sum(judge(h, speeds).slow for h in ("h0", "h1", "h2")) <= 1
+
+
+def test_a_stalled_probe_does_not_delay_another_hosts_probe(tmp_path):
+    # One slow link must not make the sink's other links look slow: a probe that stalls after
+    # its header (as one over a 40 Mbit/s link does) while another host's probe arrives. The
+    # sink that read one probe at a time held the second until the first ended (CI flagged
+    # node0 beside the degraded node1 in test_drain.py).
+    sink = LinkProbe(tmp_path, "h0", "127.0.0.1", interval_s=60).start()
+    prober = LinkProbe(tmp_path, "h1", "127.0.0.1", interval_s=60, probe_bytes=64 * 1024)
+    try:
+        [peer] = prober.peers()
+        stalled = socket.create_connection(("127.0.0.1", sink.port), timeout=5)
+        stalled.sendall(struct.pack("!Q", 64 * 1024) + b"x" * 100)  # then nothing for 2 s
+        time.sleep(0.2)  # accepted first
+        record = prober.probe(peer)
+        still_open = stalled.fileno() != -1
+        time.sleep(max(0.0, 2.0 - record["seconds"] - 0.2))
+        stalled.close()
+    finally:
+        sink.stop()
+    assert still_open and record["ok"], record
+    assert record["seconds"] < 1.0, record  # not queued behind the stalled probe
 
 
 def test_a_flagged_host_asks_for_its_own_drain_after_its_rounds(tmp_path):
