@@ -318,8 +318,8 @@ def prediction_interval(values: list[float], sets: list[str]) -> dict:
     """A random-effects prediction interval for log(truth / point forecast) of a new run in a new
     set (Higgins, Thompson & Spiegelhalter 2009): set means m_j, within-set variance s_w^2 (pooled),
     between-set variance tau^2 = max(0, var(m_j) - s_w^2 / n) by the method of moments, centre
-    mu = mean(m_j), and mu -/+ t_{(1+nominal)/2, k-2} * sqrt(tau^2 + s_w^2 + var(m_j) / k) over k
-    sets. A Student-t interval of the pooled runs, used before, assumed every run independent:
+    mu = mean(m_j), and mu -/+ z_{(1+nominal)/2} * sqrt(tau^2 + s_w^2) over k sets (until
+    2026-12-06 t_{k-2} and + var(m_j) / k: see below). A Student-t interval of the pooled runs, used before, assumed every run independent:
     the sets differ (size, LR, seeds) by more than runs within a set, and a new set shifted by
     5 points fell outside it (20 of 36 covered)."""
     from scipy import stats
@@ -336,8 +336,11 @@ def prediction_interval(values: list[float], sets: list[str]) -> dict:
     var_m = float(np.var(means, ddof=1))
     tau2 = max(0.0, var_m - s_w2 / n)
     mu = float(means.mean())
-    half = float(stats.t.ppf((1 + NOMINAL) / 2, max(1, k - 2))) * math.sqrt(
-        tau2 + s_w2 + var_m / k)
+    # The normal quantile and no term for the centre's own error (Higgins et al. take
+    # t_{k-2} and add var(m_j) / k): with both, leaving each of sets 1-13 out in turn and
+    # fitting the interval on the other twelve, it covered 85.6 % of the left-out forecasts
+    # (nominal 80 %; set 13, scored with it, 92 %); without them 81.3 %.
+    half = float(stats.norm.ppf((1 + NOMINAL) / 2)) * math.sqrt(tau2 + s_w2)
     return dict(q_lo=mu - half, q_hi=mu + half, mean=mu, sd_within=math.sqrt(s_w2),
                 tau=math.sqrt(tau2), num_runs=len(values), num_sets=k)
 
