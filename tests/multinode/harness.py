@@ -260,3 +260,24 @@ def wait_step_after_restart(run: Launch, timeout: float = 120.0) -> dict:
                         return record
         time.sleep(0.05)
     raise TimeoutError(f"no step after a restart in {timeout:.0f} s:\n{run.outputs()}")
+
+
+def wait_for_spill(launcher_pid: int, *, step: int, timeout: float = 60.0) -> None:
+    """Until the launcher's node memory folder holds its own snapshot of ``step`` and the
+    copy it keeps for its ring peer (each header is written last, so a header means a complete
+    spill). The spills are a writer thread's, after the step: under a loaded suite they can
+    land after the next step or two, and a fault injected before them restores an older copy
+    than the test expects."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {path.name.split(".")[0] for folder in memory_dirs(launcher_pid)
+                 for path in folder.glob(f"local*/*.{step:010d}.*.json")}
+        if {"own", "held"} <= found:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"step {step}'s snapshots never reached the memory folder of launcher {launcher_pid}")
+
+
+def memory_dirs(launcher_pid: int) -> list[Path]:
+    """The node memory folders of one launcher (under its watch folder in /dev/shm)."""
+    return sorted(Path("/dev/shm").glob(f"trainpilot-{launcher_pid}-*/memory"))

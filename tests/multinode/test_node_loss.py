@@ -7,13 +7,18 @@ the uninterrupted single-host run (weights, AdamW state, every loss)."""
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 
 import pytest
 
 from tests.external.harness import STEPS2, assert_same_run, events
-from tests.multinode.harness import cluster_faults, kill_host, launch, start_with_standby
+from tests.multinode.harness import (
+    cluster_faults,
+    kill_host,
+    launch,
+    memory_dirs,
+    start_with_standby,
+    wait_for_spill,
+)
 from trainpilot.runtime.checkpoint.layout import committed
 
 pytestmark = [pytest.mark.multinode, pytest.mark.dist]
@@ -31,35 +36,17 @@ def _lose_node1(net, run_dir):
         # Step 6's copies are spilled to node0's memory folder by a writer thread, after the
         # step: under a loaded suite they once were not there yet at step 7, and the memory
         # tier restored step 3 (CI). The test is about what a lost host costs once they are.
-        _wait_for_spill(run.jobs["node0"].proc.pid, step=6)
+        wait_for_spill(run.jobs["node0"].proc.pid, step=6)
         fault = kill_host(run, "node1")
         assert fault["pids"], "node1 had no process to kill"
         # The control: what storage alone holds at the fault, and what node0 keeps in memory.
         in_storage = committed(run_dir / "checkpoints")
-        folders = _memory_dirs(run.jobs["node0"].proc.pid)
+        folders = memory_dirs(run.jobs["node0"].proc.pid)
         codes = run.wait(["node0", "spare"])
         assert codes == {"node0": 0, "spare": 0}, run.outputs()
         assert run.jobs["node1"].proc.wait(10) == -9  # the lost host's launcher
         assert "joining the job launched on node0" in run.jobs["node1"].output()
         return run, in_storage, folders
-
-
-def _wait_for_spill(launcher_pid: int, *, step: int, timeout: float = 60.0) -> None:
-    """Until node0's memory folder holds its own snapshot of ``step`` and the copy it keeps
-    for its ring peer (each header is written last, so a header means a complete spill)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = {path.name.split(".")[0] for folder in _memory_dirs(launcher_pid)
-                 for path in folder.glob(f"local*/*.{step:010d}.*.json")}
-        if {"own", "held"} <= found:
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"step {step}'s snapshots never reached node0's memory folder")
-
-
-def _memory_dirs(launcher_pid: int) -> list[Path]:
-    """The node memory folders of one launcher (under its watch folder in /dev/shm)."""
-    return sorted(Path("/dev/shm").glob(f"trainpilot-{launcher_pid}-*/memory"))
 
 
 @pytest.mark.timeout(300)

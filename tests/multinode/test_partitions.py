@@ -24,6 +24,7 @@ from tests.multinode.harness import (
     journal_fault,
     launch,
     start_with_standby,
+    wait_for_spill,
 )
 
 pytestmark = [pytest.mark.multinode, pytest.mark.dist]
@@ -36,6 +37,9 @@ def test_partition_for_60_s_recovers_with_the_spare_bit_exact(ref2, cluster, tmp
     with launch(cluster, tmp_path / "run", steps=STEPS2, every=3, extra=EXTRA) as run:
         start_with_standby(run)
         run.wait_step(5)
+        # The spare restores from node0's memory folder: step 3's copies must be in it (a
+        # fresh-clone run once restarted from `initial`, the first spill not yet landed).
+        wait_for_spill(run.jobs["node0"].proc.pid, step=3)
         journal_fault(run.run_dir, "partition", host="node1",
                       step=completed_steps(run.run_dir) + 1, peer="node0", duration_s=60.0)
         cut = time.monotonic()
