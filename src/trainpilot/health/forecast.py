@@ -332,7 +332,6 @@ class ConvergenceForecaster:
                          num_bootstrap) -> Forecast:
         """The forecast from the points after the first ``skip`` of the segment from ``start``."""
         steps_a, losses_a = all_steps[start + skip:], all_losses[start + skip:]
-        kept, self.num_bootstrap = self.num_bootstrap, num_bootstrap
         first = min(max(int(steps_a[0]) - 1, 0), self.total_steps - 1)
         if self._eta is not None and np.ptp(self._eta[first:]) > 1e-6:
             # The LR changes between the points fitted and the end: the LR term, its size from
@@ -346,6 +345,7 @@ class ConvergenceForecaster:
             seen = areas[1][min(int(xs[-1]) - 1, self.total_steps - 1)]
             if seen < ANNEAL_MIN_FRAC * max(float(areas[1][-1]), 1e-12):
                 self._areas = None  # too early to identify the schedule's effect: plain law
+        kept, self.num_bootstrap = self.num_bootstrap, num_bootstrap
         try:
             return self._forecast_binned(xs, ys, steps, steps_a, start, target_loss)
         finally:
