@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tests.external.harness import Job, completed_steps
 from tests.multinode.netns import NetCluster
+from trainpilot.runtime.checkpoint.nodemem import NodeMemory
 from trainpilot.runtime.faults import append_journal
 
 PLAN_DDP = "dp=2,zero=0,micro_batch_size=8,global_batch_size=16,seq_len=64"
@@ -264,18 +265,21 @@ def wait_step_after_restart(run: Launch, timeout: float = 120.0) -> dict:
 
 def wait_for_spill(launcher_pid: int, *, step: int, timeout: float = 60.0) -> None:
     """Until the launcher's node memory folder holds its own snapshot of ``step`` and the
-    copy it keeps for its ring peer (each header is written last, so a header means a complete
-    spill). The spills are a writer thread's, after the step: under a loaded suite they can
+    copy it keeps for its ring peer (complete spills, as the runtime's own inventory lists
+    them). The spills are a writer thread's, after the step: under a loaded suite they can
     land after the next step or two, and a fault injected before them restores an older copy
     than the test expects."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = {path.name.split(".")[0] for folder in memory_dirs(launcher_pid)
-                 for path in folder.glob(f"local*/*.{step:010d}.*.json")}
+        found = {kind for folder in memory_dirs(launcher_pid)
+                 for local in folder.glob("local*")
+                 for kind, steps in NodeMemory(folder, local_rank=int(local.name[5:]))
+                 .inventory().items() if step in steps}
         if {"own", "held"} <= found:
             return
         time.sleep(0.05)
-    raise TimeoutError(f"step {step}'s snapshots never reached the memory folder of launcher {launcher_pid}")
+    raise TimeoutError(f"step {step}'s snapshots never reached the memory folder of launcher "
+                       f"{launcher_pid}")
 
 
 def memory_dirs(launcher_pid: int) -> list[Path]:
