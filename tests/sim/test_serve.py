@@ -14,7 +14,9 @@ from trainpilot.perf.flops import count_params
 from trainpilot.perf.serve import (
     PassShape,
     ServeEfficiency,
+    activation_bytes_per_token,
     kv_bytes_per_token,
+    kv_capacity_tokens,
     pass_cost,
     weight_bytes_per_device,
 )
@@ -26,6 +28,11 @@ from trainpilot.specs.serve import InstanceLayout, ServePlan, SpeculativeSpec, l
 EFF = ServeEfficiency()
 
 
+def _dtype(weight_dtype: str, **fields) -> ServePlan:
+    """A plan that only carries precisions (the lengths do not enter the weights)."""
+    return ServePlan(input_len=1, output_len=1, weight_dtype=weight_dtype, **fields)
+
+
 def test_kv_cache_and_weights_by_hand():
     l70, ds = load_model("llama3-70b"), load_model("deepseek-v3")
     # GQA: 80 layers x K and V x 8/2 heads x 128 x 1 byte under TP2 with an FP8 cache.
@@ -34,15 +41,16 @@ def test_kv_cache_and_weights_by_hand():
     # MLA: the 512 + 64 latent per layer, the same on every TP rank.
     assert kv_bytes_per_token(ds, InstanceLayout(tp=8), "bf16") == 61 * 576 * 2
     l8 = load_model("llama3-8b")
-    bf16 = weight_bytes_per_device(l8, InstanceLayout(), "bf16")
+    bf16 = weight_bytes_per_device(l8, InstanceLayout(), _dtype("bf16"))
     norms = 2 * 4096 * 32 + 4096  # counted by count_params, not stored apart here
     assert bf16 == pytest.approx(2 * (count_params(l8).total - norms), rel=1e-9)
-    fp8 = weight_bytes_per_device(l8, InstanceLayout(tp=2), "fp8")
+    fp8 = weight_bytes_per_device(l8, InstanceLayout(tp=2), _dtype("fp8"))
     embed = 2 * 128256 * 4096 * 2 / 2
     assert fp8 == pytest.approx(embed + (bf16 - 2 * 128256 * 4096 * 2) / 4, rel=1e-9)
     # DeepSeek-V3 at EP144 with 32 redundant experts: 2 routed experts per device per layer.
     per_dev = weight_bytes_per_device(ds, InstanceLayout(dp_attention=144, ep=144,
-                                                         num_redundant_experts=32), "fp8")
+                                                         num_redundant_experts=32),
+                                      _dtype("fp8"))
     assert 20 * 2**30 < per_dev < 26 * 2**30
 
 
@@ -284,3 +292,63 @@ def test_serving_bias_counts_a_latency_as_an_inverse_speed():
                ServeResult(rate, rate.measured * 2.0, None)]
     assert [r.speed_error for r in results] == [pytest.approx(1.0), pytest.approx(1.0)]
     assert summarize(results)["sources"][ttft.source]["bias"] == pytest.approx(1.0)
+
+
+def test_meta_fp8_checkpoints_keep_attention_and_the_end_layers_16_bit():
+    """Meta's Llama 3.1 FP8 checkpoints (llama-models' fp8_mixed: only the MLPs of layers 1 to
+    n-2 in FP8) hold more bytes per device than an everything-FP8 reading of the same model,
+    by exactly the attention of the 124 inner layers and the two end layers' MLPs at one
+    extra byte per weight; and a small-batch decode, which streams the weights, is slower by
+    about the same ratio. Before, ``weight_dtype`` covered every linear map."""
+    from trainpilot.perf.flops import attention_params, mlp_params
+
+    l405 = load_model("llama3-405b")
+    layout = InstanceLayout(tp=8)
+    everything = _dtype("fp8")
+    meta = _dtype("fp8", quantized_modules="mlp", unquantized_end_layers=1)
+    extra = (124 * attention_params(l405) + 2 * (attention_params(l405)
+                                                 + mlp_params(l405, l405.ffn_size))) / 8
+    assert (weight_bytes_per_device(l405, layout, meta)
+            - weight_bytes_per_device(l405, layout, everything)) == pytest.approx(extra, rel=1e-9)
+    assert meta.weight_bytes("attention", 5, 126) == 2.0
+    assert meta.weight_bytes("mlp", 5, 126) == 1.0
+    assert meta.weight_bytes("mlp", 0, 126) == meta.weight_bytes("mlp", 125, 126) == 2.0
+    h100 = load_cluster("h100-sxm-x8")
+
+    def tpot(plan: ServePlan) -> float:
+        return simulate_serve(l405, h100, plan.replace(
+            decode=layout, input_len=128, output_len=2048, batch_size=4,
+            batching="static"), EFF).tpot_s
+
+    ratio = weight_bytes_per_device(l405, layout, meta) / weight_bytes_per_device(
+        l405, layout, everything)
+    assert tpot(meta) / tpot(everything) == pytest.approx(ratio, rel=0.1)
+    assert tpot(meta) > 1.1 * tpot(everything)
+
+
+def test_a_total_memory_basis_and_a_profiled_pass_size_the_kv_cache_as_vllm_does():
+    """vLLM sizes its cache as total HBM x gpu_memory_utilization minus the weights and the
+    peak of a profiling pass of max_num_batched_tokens tokens; TensorRT-LLM takes a fraction of
+    what is left after the weights. By hand for Llama 3.1 405B (Meta's FP8) on 8 H100 80GB:
+    the 91,680-token profiling pass of a run without chunked prefill leaves room for one
+    34,832-token sequence, the fraction of the free memory for six."""
+    from trainpilot.perf.hardware import curve_for
+
+    l405, h100 = load_model("llama3-405b"), load_cluster("h100-sxm-x8")
+    layout = InstanceLayout(tp=8)
+    plan = ServePlan(decode=layout, input_len=32784, output_len=2048, weight_dtype="fp8",
+                     quantized_modules="mlp", unquantized_end_layers=1, kv_mem_fraction=0.9)
+    vllm = plan.replace(kv_mem_basis="total", profile_tokens=91680)
+    hbm = h100.device.hbm_gib * 2**30
+    weights = weight_bytes_per_device(l405, layout, plan)
+    reserved = curve_for(h100).reserved_gib * 2**30
+    # The MLP's peak: residual and normed input (2 x 16,384) and 3 x 53,248 / 8, 16-bit.
+    assert activation_bytes_per_token(l405, layout) == 2 * (2 * 16384 + 3 * 53248 / 8)
+    by_hand = (0.9 * hbm - weights - reserved
+               - 91680 * activation_bytes_per_token(l405, layout)) / (126 * 2 * 128 * 2)
+    assert kv_capacity_tokens(l405, h100, vllm, layout, EFF) == pytest.approx(by_hand, rel=1e-9)
+    free = kv_capacity_tokens(l405, h100, plan, layout, EFF)
+    assert free == pytest.approx((hbm - weights - reserved - EFF.workspace_gib * 2**30) * 0.9
+                                 / (126 * 2 * 128 * 2), rel=1e-9)
+    assert simulate_serve(l405, h100, vllm, EFF).largest_batch == 1
+    assert simulate_serve(l405, h100, plan, EFF).largest_batch >= 4

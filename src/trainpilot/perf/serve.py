@@ -301,17 +301,19 @@ def kv_bytes_per_token(model: ModelSpec, layout: InstanceLayout, kv_dtype: str) 
     return model.num_layers * 2 * per_device * model.head_size * b
 
 
-def weight_bytes_per_device(model: ModelSpec, layout: InstanceLayout, weight_dtype: str) -> float:
+def weight_bytes_per_device(model: ModelSpec, layout: InstanceLayout, plan: ServePlan) -> float:
     """Weights on one device: attention, dense MLPs and shared experts split over ``tp``,
     routed experts over ``ep`` groups (each split ``expert_tp`` ways), 16-bit embedding and
-    output head over ``tp``."""
-    wb, t = DTYPE_BYTES[weight_dtype], layout.tp
+    output head over ``tp``; each layer's attention and MLP in the bytes per weight the plan
+    gives them (``ServePlan.weight_bytes``)."""
+    t = layout.tp
     total = model.vocab_size * model.hidden_size * 2.0 / t
     if not model.tie_word_embeddings:
         total *= 2
-    attn = attention_params(model) * wb / t
+    attn = attention_params(model) / t
     for i in range(model.num_layers):
-        total += attn
+        total += attn * plan.weight_bytes("attention", i, model.num_layers)
+        wb = plan.weight_bytes("mlp", i, model.num_layers)
         if model.is_moe_layer(i):
             moe = model.moe
             assert moe is not None  # an MoE layer implies the MoE spec
@@ -358,14 +360,29 @@ class PassShape:
                          context=self.context)
 
 
+# A decoder layer as the pass prices it: (MoE layer, attention bytes per weight, MLP bytes
+# per weight).
+_LayerKind = tuple[bool, float, float]
+
+
+def layer_kinds(model: ModelSpec, plan: ServePlan) -> dict[_LayerKind, int]:
+    """How many decoder layers of each kind the model has under ``plan``'s precisions."""
+    kinds: dict[_LayerKind, int] = {}
+    for i in range(model.num_layers):
+        kind = (model.is_moe_layer(i), plan.weight_bytes("attention", i, model.num_layers),
+                plan.weight_bytes("mlp", i, model.num_layers))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 def _layer(model: ModelSpec, layout: InstanceLayout, plan: ServePlan, hw: _Hw,
-           eff: ServeEfficiency, shape: PassShape, moe_layer: bool) -> tuple[PassCost, float]:
+           eff: ServeEfficiency, shape: PassShape, kind: _LayerKind) -> tuple[PassCost, float]:
     """(compute-stream cost of one layer, its all-to-all seconds) on one device."""
     cost = PassCost()
     t, d, rows = layout.tp, layout.dp_attention, shape.rows
-    wb = DTYPE_BYTES[plan.weight_dtype]
+    moe_layer, attn_wb, wb = kind
     h, heads = model.hidden_size, model.num_attention_heads / t
-    _gemm(cost, hw, rows, attention_params(model) / t, wb, pieces=2)
+    _gemm(cost, hw, rows, attention_params(model) / t, attn_wb, pieces=2)
     # Attention core: decode (latent/KV streaming) and prefill (FlashAttention).
     kv_layer = kv_bytes_per_token(model, layout, plan.kv_dtype) / model.num_layers
     if shape.decode_rows:
@@ -455,11 +472,8 @@ def pass_cost(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, layout: I
     halves = 2 if (plan.two_batch_overlap and layout.dp_attention > 1 and model.is_moe) else 1
     part = shape.halved() if halves == 2 else shape
     total = PassCost()
-    for moe_layer, count in ((False, model.num_layers - model.num_moe_layers),
-                             (True, model.num_moe_layers)):
-        if not count:
-            continue
-        layer, a2a = _layer(model, layout, plan, hw, eff, part, moe_layer)
+    for kind, count in layer_kinds(model, plan).items():
+        layer, a2a = _layer(model, layout, plan, hw, eff, part, kind)
         if halves == 2:  # the other half's compute hides each half's all-to-all
             exposed = max(0.0, a2a - layer.total_s)
             # Prefill's dispatch and combine kernels (DeepEP's normal ones) run on SMs, so the
@@ -478,7 +492,10 @@ def pass_cost(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, layout: I
         # One MTP module (a decoder layer) per draft token, on the decode rows.
         draft = PassShape(decode_seqs=shape.decode_seqs, decode_rows=shape.decode_seqs,
                           context=shape.context)
-        layer, a2a = _layer(model, layout, plan, hw, eff, draft, model.is_moe)
+        inner = model.num_layers // 2  # an MTP module is quantized as the inner layers
+        layer, a2a = _layer(model, layout, plan, hw, eff, draft, (
+            model.is_moe, plan.weight_bytes("attention", inner, model.num_layers),
+            plan.weight_bytes("mlp", inner, model.num_layers)))
         layer.add("all_to_all", a2a)
         total = total.merged(layer.scaled(plan.speculative.num_draft_tokens))
     total.add("overhead", eff.step_overhead_s)
@@ -505,10 +522,30 @@ def check_serve(model: ModelSpec, plan: ServePlan) -> None:
 def kv_capacity_tokens(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
                        layout: InstanceLayout, eff: ServeEfficiency = ServeEfficiency(),
                        ) -> float:
-    """Tokens of KV cache one attention group can hold (0 when the weights do not fit)."""
-    free = (cluster.device.hbm_gib * GIB - weight_bytes_per_device(model, layout,
-                                                                   plan.weight_dtype)
-            - curve_for(cluster).reserved_gib * GIB - eff.workspace_gib * GIB)
-    if free <= 0:
+    """Tokens of KV cache one attention group can hold (0 when the weights do not fit): what
+    the weights, the reserve and the activations (``plan.profile_tokens`` x
+    ``activation_bytes_per_token``, else the runtime's workspace) leave, by
+    ``plan.kv_mem_basis``."""
+    hbm = cluster.device.hbm_gib * GIB
+    workspace = (plan.profile_tokens * activation_bytes_per_token(model, layout)
+                 if plan.profile_tokens else eff.workspace_gib * GIB)
+    used = (weight_bytes_per_device(model, layout, plan) + curve_for(cluster).reserved_gib * GIB
+            + workspace)
+    if used >= hbm:
         return 0.0
-    return free * plan.kv_mem_fraction / kv_bytes_per_token(model, layout, plan.kv_dtype)
+    kv = (hbm * plan.kv_mem_fraction - used if plan.kv_mem_basis == "total"
+          else (hbm - used) * plan.kv_mem_fraction)
+    return max(0.0, kv) / kv_bytes_per_token(model, layout, plan.kv_dtype)
+
+
+def activation_bytes_per_token(model: ModelSpec, layout: InstanceLayout) -> float:
+    """Peak 16-bit activation bytes per token of one forward pass on one device, at the MLP:
+    the residual stream and the normed input (2 x hidden) beside the gate-up output and the
+    activation's output (3 x the MLP's width on the device; for MoE layers the routed
+    experts' k copies plus the shared experts)."""
+    widths = [model.ffn_size / layout.tp] if model.num_layers > model.num_moe_layers else []
+    if model.moe is not None:
+        moe = model.moe
+        widths.append(moe.top_k * moe.expert_intermediate_size / layout.expert_tp
+                      + moe.shared_width / layout.tp)
+    return 2.0 * (2 * model.hidden_size + 3 * max(widths))

@@ -98,7 +98,7 @@ def simulate_serve(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
         raise SpecError("decode", dec.label(), f"needs {dec.num_devices} devices; the cluster "
                         f"has {cluster.num_devices}")
     largest, capacity = largest_batch(model, cluster, plan, eff)
-    weights = weight_bytes_per_device(model, dec, plan.weight_dtype)
+    weights = weight_bytes_per_device(model, dec, plan)
     if capacity < plan.input_len + plan.output_len:  # not one sequence per attention group
         raise SpecError("decode", dec.label(),
                         f"weights take {weights / GIB:.1f} GiB per device of "

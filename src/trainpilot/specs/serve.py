@@ -132,10 +132,27 @@ class ServePlan(Spec):
     batching: Literal["static", "continuous"] = "continuous"
     prefix_cache_hit: float = pydantic.Field(default=0.0, ge=0, lt=1)  # input tokens not computed
     weight_dtype: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
+    # Which decoder-layer linear maps ``weight_dtype`` covers (the rest, the embedding and
+    # the output head stay 16-bit): "all" (TensorRT Model Optimizer, llm-compressor,
+    # DeepSeek's block FP8) or "mlp", the MLPs and experts only (Meta's Llama 3.1 FP8
+    # checkpoints, llama-models' fp8_mixed mode; gpt-oss's MXFP4 experts).
+    quantized_modules: Literal["all", "mlp"] = "all"
+    # Decoder layers at each end of the stack left wholly 16-bit (Meta's fp8_mixed: 1, the
+    # first and the last).
+    unquantized_end_layers: NonNegativeInt = 0
     kv_dtype: Literal["bf16", "fp16", "fp8"] = "bf16"
     speculative: SpeculativeSpec = SpeculativeSpec()
     two_batch_overlap: bool = False  # split each pass in two to hide all-to-alls (DeepSeek)
     kv_mem_fraction: float = pydantic.Field(default=0.9, gt=0, le=1)  # of HBM left for KV
+    # What ``kv_mem_fraction`` is a fraction of: "free", the HBM left after the weights, the
+    # reserve and the activations (TensorRT-LLM's kv_cache_free_gpu_mem_fraction); "total",
+    # all of the HBM, which the weights, the reserve and the activations share with the KV
+    # cache (vLLM's gpu_memory_utilization: KV = total x fraction - the profiled peak).
+    kv_mem_basis: Literal["free", "total"] = "free"
+    # Tokens of the forward pass whose activation peak the engine reserves before it sizes the
+    # KV cache (vLLM's profile run: max_num_batched_tokens, which without chunked prefill is
+    # max(max_model_len, 2048)); None: the runtime's fixed workspace.
+    profile_tokens: PositiveInt | None = None
     # Busiest device's expert rows over the mean; None: the calibrated stack's (EPLB-like
     # placement). 1.0 for a perfectly balanced router (DeepSeek's profiles simulate one).
     moe_imbalance: float | None = pydantic.Field(default=None, ge=1)
@@ -159,6 +176,18 @@ class ServePlan(Spec):
                             f"not a multiple of decode.dp_attention={self.decode.dp_attention} "
                             "(each attention group decodes its own share)")
         return self
+
+    def weight_bytes(self, module: Literal["attention", "mlp"], layer: int,
+                     num_layers: int) -> float:
+        """Bytes per weight of ``module``'s linear maps in decoder layer ``layer`` (0-based)
+        of ``num_layers``, by ``weight_dtype``, ``quantized_modules`` and
+        ``unquantized_end_layers``."""
+        end = self.unquantized_end_layers
+        if layer < end or layer >= num_layers - end:
+            return DTYPE_BYTES["bf16"]
+        if module == "attention" and self.quantized_modules == "mlp":
+            return DTYPE_BYTES["bf16"]
+        return DTYPE_BYTES[self.weight_dtype]
 
     @property
     def disaggregated(self) -> bool:
