@@ -123,3 +123,14 @@ def test_custom_models_are_refused_in_one_line():
     with pytest.raises(SpecError) as info:
         torchtitan_config(plan, model)
     assert "\n" not in str(info.value) and "registry" in str(info.value)
+
+
+def test_per_op_recompute_is_torchtitans_selective_ac(tmp_path):
+    """``recompute: op`` is priced as torchtitan's per-op SelectiveAC; torchtitan's own
+    ConfigManager loads the export as exactly that policy."""
+    from trainpilot.specs import Plan
+
+    plan = Plan(dp=8, zero=3, micro_batch_size=1, global_batch_size=8, seq_len=8192,
+                recompute="op")
+    config = _load(tmp_path, "op", torchtitan_config(plan, load_model("llama3-8b")))
+    assert type(config.activation_checkpoint).__qualname__ == "SelectiveAC.Config"

@@ -188,7 +188,30 @@ def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> 
         extra = fwd.attention_proj + fwd.attention_scores + fwd.mlp
     elif recompute == "selective":
         extra = fwd.attention_scores
+    elif recompute == "op":
+        extra = op_recompute_share(model) * (fwd.attention_proj + fwd.mlp)
     return 3.0 * fwd.total + extra
+
+
+def op_recompute_share(model: ModelSpec) -> float:
+    """Share of the linear maps' forward FLOPs that torchtitan's per-op selective checkpointing
+    re-runs in 16-bit training: every second ``mm`` of a layer (``perf.layer.op_sac_linears``)
+    and an MoE layer's routed experts (grouped GEMMs, outside its save list)."""
+    from trainpilot.perf.layer import op_sac_linears
+
+    total = again = 0.0
+    for index in range(model.num_hidden_layers):
+        moe_layer = model.is_moe_layer(index)
+        for i, (n, k) in enumerate(op_sac_linears(model, moe_layer, 1), start=1):
+            total += n * k
+            again += n * k if i % 2 == 0 else 0.0
+        if moe_layer:
+            moe = model.moe
+            assert moe is not None  # an MoE layer implies the MoE spec
+            routed = moe.top_k * mlp_params(model, moe.expert_intermediate_size)
+            total += routed
+            again += routed
+    return again / total if total else 0.0
 
 
 def causal_flops_per_token(model: ModelSpec, seq_len: int) -> float:

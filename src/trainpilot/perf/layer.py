@@ -90,9 +90,12 @@ class LayerCost:
     act_input_bytes: float  # the layer input only (full recompute)
     num_kernels: int
     wgrad_s: float = 0.0  # weight-gradient GEMMs inside bwd_compute_s (zero-bubble's W)
+    op_recompute_s: float = 0.0  # what torchtitan's per-op selective checkpointing re-runs
 
     def act_bytes(self, recompute: str) -> float:
-        """Bytes kept per in-flight micro-batch under ``recompute``."""
+        """Bytes kept per in-flight micro-batch under ``recompute`` ("op" is counted as
+        "none": an upper bound, since it drops the elementwise outputs and every second
+        matmul's)."""
         if recompute == "full":
             return self.act_input_bytes
         return self.act_selective_bytes if recompute == "selective" else self.act_none_bytes
@@ -103,6 +106,8 @@ class LayerCost:
             return self.fwd_compute_s, self.tp_fwd_s, self.ep_fwd_s
         if recompute == "selective":
             return self.attn_core_s, 0.0, 0.0
+        if recompute == "op":
+            return self.op_recompute_s, 0.0, 0.0
         return 0.0, 0.0, 0.0
 
     @property
@@ -163,6 +168,43 @@ def _attention_gemms(model: ModelSpec, tp: int) -> list[tuple[float, float]]:
         return q + kv_gemms + [(h, a * m.v_head_dim / tp)]
     d, kv = model.head_size, model.kv_heads
     return [((a + 2 * kv) * d / tp, h), (h, a * d / tp)]
+
+
+def op_sac_linears(model: ModelSpec, moe_layer: bool, tp: int) -> list[tuple[float, float]]:
+    """(n, k) per token row of each ``aten.mm`` one layer's forward runs on one TP rank, in
+    torchtitan's order (wq, wk, wv, wo or MLA's projections; the MLP's w1, w3, w2, or an MoE
+    layer's shared experts; the routed experts run as grouped GEMMs, not ``mm``)."""
+    if model.mla is not None:
+        out = list(_attention_gemms(model, tp))
+    else:
+        h, a, d, kv = model.hidden_size, model.num_attention_heads, model.head_size, \
+            model.kv_heads
+        out = [(a * d / tp, h), (kv * d / tp, h), (kv * d / tp, h), (h, a * d / tp)]
+    if moe_layer:
+        assert model.moe is not None  # an MoE layer implies the MoE spec
+        width = model.moe.shared_width
+    else:
+        width = model.ffn_size
+    if width:
+        h = model.hidden_size
+        ins = [(width / tp, h)] * (2 if model.activation == "swiglu" else 1)
+        out += ins + [(h, width / tp)]
+    return out
+
+
+def _op_sac_recompute(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device,
+                      host: float, m: float, elementwise_s: float, routed_s: float) -> float:
+    """Seconds torchtitan's per-op selective activation checkpointing re-runs before a layer's
+    backward: its policy saves the outputs of ``aten.mm``, the attention kernels, reduce-
+    scatters and ``max`` except every second ``mm`` of the layer; every other op is
+    recomputed: the elementwise kernels (norms, RoPE, activation, residuals, casts, the
+    router), every second 16-bit linear, and ops outside the list: the routed experts'
+    grouped GEMMs and, under fp8, every linear (``aten._scaled_mm``)."""
+    ops = Ops(host)
+    for i, (n, k) in enumerate(op_sac_linears(model, moe_layer, st.tp), start=1):
+        if dev.fp8 or i % 2 == 0:
+            ops.add_gemm(dev.gemm_s(m, n, k, linear=True))
+    return ops.total + elementwise_s + routed_s
 
 
 def _head_dims(model: ModelSpec) -> tuple[int, int, int]:
@@ -280,12 +322,14 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
         ep_fwd = ep_bwd = both / 2
 
     act_none, act_sel, act_input = _activation_bytes(model, moe_layer, st, m, m_sp, s_loc)
+    op_recompute = _op_sac_recompute(model, moe_layer, st, dev, host, m,
+                                     fwd.total - fwd.gemm - core.total, mlp.routed_gemm_s)
     return LayerCost(
         fwd_compute_s=fwd.total, bwd_compute_s=bwd.total, attn_core_s=core.total,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, act_none_bytes=act_none,
         act_selective_bytes=act_sel, act_input_bytes=act_input,
-        num_kernels=fwd.kernels + bwd.kernels, wgrad_s=bwd.wgrad,
+        num_kernels=fwd.kernels + bwd.kernels, wgrad_s=bwd.wgrad, op_recompute_s=op_recompute,
     )
 
 

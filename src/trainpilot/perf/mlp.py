@@ -30,6 +30,7 @@ from trainpilot.specs import ModelSpec
 class MlpComm:
     tp_fwd_s: float  # expert-TP gathers and scatters, per forward
     ep_fwd_s: float  # dispatch + combine all-to-all, per forward
+    routed_gemm_s: float = 0.0  # the routed experts' forward GEMMs (grouped, per forward)
 
 
 def expert_rows(model: ModelSpec, st: LayerSetup, m: float) -> float:
@@ -67,14 +68,16 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
     act_kind = "swiglu" if gate == 2 else "gelu"
     act_bytes_per = ACT_BYTES * (3 if gate == 2 else 2)  # read (2 inputs if gated), write
 
-    def dense(rows: float, width: float, tp: int, experts: float = 1.0) -> None:
+    def dense(rows: float, width: float, tp: int, experts: float = 1.0) -> float:
+        """Add an MLP's kernels; return its forward GEMM seconds."""
         # One launch per GEMM (and per fp8 cast), or per local expert when the stack runs a
         # rank's experts one by one (runtime.expert_gemm; perf/runtime.py).
         n = max(1, round(experts)) if rt.expert_gemm == "per_expert" else 1
-        fwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h, linear=True), launches=n)
+        gemms = fwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h, linear=True),
+                             launches=n)
         fwd.add_elementwise(experts * dev.memory_s(act_bytes_per * rows * width / tp),
                             act_kind, rt)
-        fwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), launches=n)
+        gemms += fwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), launches=n)
         bwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h, linear=True),
                      backward=True, launches=n)
         bwd.add_elementwise(BWD_MEM * experts * dev.memory_s(act_bytes_per * rows * width / tp),
@@ -84,6 +87,7 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         if dev.fp8:  # quantize each GEMM's input (forward) and output gradient (backward)
             fwd.add(dev.fp8_cast_s(experts * rows * (h + width / tp)), 2 * n)
             bwd.add(dev.fp8_cast_s(experts * rows * (gate * width / tp + h)), 2 * n)
+        return gemms
 
     if not moe_layer:
         dense(m, model.ffn_size, st.tp)
@@ -99,7 +103,7 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
     fwd.add(dev.memory_s(permute), 2)
     bwd.add(BWD_MEM * dev.memory_s(permute), 2)
     local = moe.num_experts / st.ep
-    dense(rows / local, moe.expert_intermediate_size, etp, experts=local)
+    routed = dense(rows / local, moe.expert_intermediate_size, etp, experts=local)
     if moe.num_shared_experts:
         dense(m, moe.shared_width, t)
     coll = dev.host_coll_s
@@ -115,4 +119,4 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         span = spans.get("etp", spans["tp"])
         tp_gather = max(net.all_gather_s(span, msg), coll) + \
             max(net.reduce_scatter_s(span, msg), coll)
-    return MlpComm(tp_gather, a2a)
+    return MlpComm(tp_gather, a2a, routed)

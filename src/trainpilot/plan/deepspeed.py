@@ -27,7 +27,7 @@ def deepspeed_config(plan: Plan, model: ModelSpec) -> dict:
                                                "not the ring attention priced; valid: 1"),
             (plan.dp_shard not in (None, plan.dp), "plan.dp_shard", plan.dp_shard,
              "DeepSpeed has no HSDP (ZeRO++ hpZ keeps the full ZeRO-3 partition); valid: unset"),
-            (plan.recompute == "selective", "plan.recompute", "selective",
+            (plan.recompute in ("selective", "op"), "plan.recompute", plan.recompute,
              "DeepSpeed recomputes whole layers (gradient_checkpointing_enable); valid: none "
              "or full")):
         if bad:

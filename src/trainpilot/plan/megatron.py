@@ -68,6 +68,9 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
         out.add("--context-parallel-size", plan.cp)
     if plan.sequence_parallel:
         out.add("--sequence-parallel")
+    if plan.recompute == "op":
+        raise SpecError("plan.recompute", "op", "torchtitan's per-op checkpointing has no "
+                        "Megatron-LM flag; valid: none, selective or full")
     if plan.recompute == "selective":  # Megatron's default selective module: core_attn
         out.add("--recompute-granularity", "selective")
     elif plan.recompute == "full":

@@ -10,7 +10,8 @@ What torchtitan 0.3.0 cannot express is refused with one line, not approximated:
 * a model its registry does not ship (it builds models from named flavors only);
 * ``recompute=selective``: our cost model prices attention-core recompute (Megatron's), while
   torchtitan's ``SelectiveAC`` is per-op (it saves attention and recomputes every second
-  matmul), a different memory/compute trade;
+  matmul), a different memory/compute trade: that one is ``recompute=op``, exported as
+  ``SelectiveAC.Config()``;
 * fp16 (torchtitan trains in bf16/fp32) and fp8 (needs torchao's float8 converters);
 * a pipeline schedule that does not match the number of stages per rank.
 Mappings that are not exact are stated in the module's docstring: ZeRO-1/2 become FSDP
@@ -62,7 +63,7 @@ def torchtitan_config(plan: Plan, model: ModelSpec, *, function: str = "trainpil
     if plan.recompute == "selective":
         raise SpecError("plan.recompute", "selective",
                         f"torchtitan {VERSION}'s SelectiveAC is per-op, not the attention-core "
-                        "recompute the plan was costed with; valid: none or full")
+                        "recompute the plan was costed with; valid: none, full or op (per-op)")
     if plan.precision != "bf16":
         raise SpecError("plan.precision", plan.precision,
                         f"torchtitan {VERSION} trains in bf16 (fp8 needs torchao converters); "
@@ -88,7 +89,8 @@ def torchtitan_config(plan: Plan, model: ModelSpec, *, function: str = "trainpil
         ("training.seq_len", plan.seq_len),
         ("training.mixed_precision_param", '"bfloat16"'),
     ]
-    ac = {"none": "None", "full": "FullAC.Config()"}[plan.recompute]
+    ac = {"none": "None", "full": "FullAC.Config()", "op": "SelectiveAC.Config()"}[
+        plan.recompute]
     registry_args = f'"{flavor}"'
     if model.num_mtp_layers:
         registry_args += f", num_mtp_layers={model.num_mtp_layers}"
@@ -103,7 +105,7 @@ def torchtitan_config(plan: Plan, model: ModelSpec, *, function: str = "trainpil
         f"--module {{this module}} --config {function}",
         '"""',
         "",
-        "from torchtitan.distributed.activation_checkpoint import FullAC",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
         "from torchtitan.models.common.config_utils import decoder_vocab_size",
         f"from torchtitan.models.{module} import model_registry",
         f"from torchtitan.models.{module}.config_registry import {recipe}",

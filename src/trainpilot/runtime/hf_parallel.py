@@ -65,7 +65,7 @@ def check_hf_plan(config: Any, plan: Plan) -> None:
         raise SpecError("plan.sequence_parallel", True, "not supported for Hugging Face MoE "
                         "models (their experts, replicated over tp, would see only this rank's "
                         "tokens); valid: false, or a dense model")
-    if plan.recompute == "selective":
+    if plan.recompute in ("selective", "op"):
         raise SpecError("plan.recompute", plan.recompute, "Hugging Face models recompute whole "
                         "decoder layers; valid: none, full")
     if plan.tp > 1:

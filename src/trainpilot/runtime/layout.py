@@ -75,6 +75,11 @@ def check_runtime(model: ModelSpec | None, plan: Plan, *, backend: str,
                         f"{world_size} processes launched (nnodes x nproc-per-node)")
     if model is not None:
         check_job(model, None, plan)
+    if plan.recompute == "op":
+        raise SpecError("plan.recompute", "op", "torchtitan's per-op checkpointing is priced for "
+                        "torchtitan runs (trainpilot plan --export torchtitan); this runtime "
+                        "recomputes the attention core or whole layers; valid: none, selective, "
+                        "full")
     if plan.precision in GPU_ONLY_PRECISIONS:
         raise SpecError("plan.precision", plan.precision,
                         GPU_ONLY_PRECISIONS[plan.precision] + "; valid: bf16, fp16")

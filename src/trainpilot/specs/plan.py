@@ -17,7 +17,7 @@ from trainpilot.specs.runtime import RuntimeProfile
 RANK_ORDERS = ("tp-cp-ep-pp-dp", "tp-cp-ep-dp-pp")
 # The values of Plan's enumerated fields, named for the code that builds plans from plain values.
 ZeroStage = Literal[0, 1, 2, 3]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
 Precision = Literal["bf16", "fp16", "fp8"]
 PpSchedule = Literal["1f1b", "gpipe", "interleaved", "zero_bubble"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
@@ -75,6 +75,9 @@ class Plan(Spec):
     micro_batch_size: PositiveInt = 1
     global_batch_size: PositiveInt  # sequences per optimizer step
     seq_len: PositiveInt
+    # Activation recomputation: "selective" re-runs the attention core (Megatron's default
+    # selective module), "full" the whole layer, "op" torchtitan's per-op selective
+    # checkpointing (saves matmul and attention outputs but every second matmul's).
     recompute: Recompute = "none"
     sequence_parallel: bool = False
     precision: Precision = "bf16"
