@@ -352,3 +352,22 @@ def test_a_total_memory_basis_and_a_profiled_pass_size_the_kv_cache_as_vllm_does
                                  / (126 * 2 * 128 * 2), rel=1e-9)
     assert simulate_serve(l405, h100, vllm, EFF).largest_batch == 1
     assert simulate_serve(l405, h100, plan, EFF).largest_batch >= 4
+
+
+def test_an_engine_that_admits_on_current_length_runs_more_sequences():
+    """vLLM and SGLang admit a sequence on the blocks it holds and preempt when the cache fills:
+    a continuous batch then holds input + output / 2 tokens per sequence on average, where an
+    engine that reserves the whole length (TensorRT-LLM's GUARANTEED_NO_EVICT) holds input +
+    output; a static batch grows in step, so it reserves the whole length either way."""
+    l70, h100 = load_model("llama3-70b"), load_cluster("h100-sxm-x8")
+    plan = ServePlan(decode=InstanceLayout(tp=2), input_len=2048, output_len=2048,
+                     weight_dtype="fp8")
+    full = simulate_serve(l70, h100, plan, EFF)
+    current = simulate_serve(l70, h100, plan.replace(kv_admission="current"), EFF)
+    assert full.largest_batch == int(full.kv_capacity_tokens // 4096)
+    assert current.largest_batch == int(current.kv_capacity_tokens // 3072)
+    assert current.largest_batch > 1.3 * full.largest_batch
+    static = plan.replace(batching="static")
+    assert simulate_serve(l70, h100, static.replace(kv_admission="current"),
+                          EFF).largest_batch == simulate_serve(l70, h100, static,
+                                                               EFF).largest_batch

@@ -78,10 +78,14 @@ def _prefill_shape(plan: ServePlan, tokens: float) -> PassShape:
 def largest_batch(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
                   eff: ServeEfficiency = ServeEfficiency()) -> tuple[int, float]:
     """(largest batch per decode instance that fits its KV cache at ``input + output`` tokens
-    per sequence, capped by ``max_batch_size``; KV tokens per attention group)."""
+    per sequence, or ``input + output / 2`` when a continuous batch admits on current length
+    (``plan.kv_admission``), capped by ``max_batch_size``; KV tokens per attention group)."""
     layout = plan.decode
     capacity = kv_capacity_tokens(model, cluster, plan, layout, eff)
-    per_group = int(capacity // (plan.input_len + plan.output_len))
+    held = plan.input_len + plan.output_len
+    if plan.kv_admission == "current" and plan.batching == "continuous" and not plan.disaggregated:
+        held = plan.input_len + plan.output_len / 2
+    per_group = int(capacity // held)
     batch = per_group * layout.dp_attention
     if plan.max_batch_size is not None:
         batch = min(batch, plan.max_batch_size)

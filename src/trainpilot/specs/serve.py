@@ -153,6 +153,12 @@ class ServePlan(Spec):
     # KV cache (vLLM's profile run: max_num_batched_tokens, which without chunked prefill is
     # max(max_model_len, 2048)); None: the runtime's fixed workspace.
     profile_tokens: PositiveInt | None = None
+    # When a sequence may join the running batch: "full", once its whole input + output fits
+    # the free cache (TensorRT-LLM's GUARANTEED_NO_EVICT); "current", on the tokens it holds,
+    # growing block by block and preempted when the cache fills (vLLM, SGLang): with continuous
+    # batching the running sequences are spread over their output, input + output / 2 each on
+    # average (the recomputation of preempted sequences is not priced).
+    kv_admission: Literal["full", "current"] = "full"
     # Busiest device's expert rows over the mean; None: the calibrated stack's (EPLB-like
     # placement). 1.0 for a perfectly balanced router (DeepSeek's profiles simulate one).
     moe_imbalance: float | None = pydantic.Field(default=None, ge=1)
