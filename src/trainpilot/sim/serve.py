@@ -82,7 +82,7 @@ def largest_batch(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
     (``plan.kv_admission``), capped by ``max_batch_size``; KV tokens per attention group)."""
     layout = plan.decode
     capacity = kv_capacity_tokens(model, cluster, plan, layout, eff)
-    held = plan.input_len + plan.output_len
+    held: float = plan.input_len + plan.output_len
     if plan.kv_admission == "current" and plan.batching == "continuous" and not plan.disaggregated:
         held = plan.input_len + plan.output_len / 2
     per_group = int(capacity // held)
