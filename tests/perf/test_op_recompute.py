@@ -64,3 +64,18 @@ def test_torchtitan_exports_it_and_the_other_stacks_refuse_it():
     with pytest.raises(SpecError, match="plan.recompute"):
         check_runtime(load_model("tiny-gpt"), plan.replace(dp=2, global_batch_size=2,
                                                             seq_len=64), backend="gloo")
+
+
+def test_the_collectives_outside_its_save_list_run_again():
+    """The policy saves reduce-scatter outputs only: under sequence parallelism the two
+    all-gathers of a layer's forward run again (half its TP traffic: a quarter of forward plus
+    backward), without it both all-reduces (half of forward plus backward)."""
+    l8, h100 = load_model("llama3-8b"), load_cluster("h100-sxm-x8")
+
+    def tp_comm(recompute: str, sp: bool) -> float:
+        plan = Plan(tp=8, micro_batch_size=1, global_batch_size=1, seq_len=8192,
+                    recompute=recompute, sequence_parallel=sp)
+        return predict(l8, h100, plan).breakdown_s["tp_comm"]
+
+    assert tp_comm("op", True) == pytest.approx(1.25 * tp_comm("none", True), rel=0.02)
+    assert tp_comm("op", False) == pytest.approx(1.5 * tp_comm("none", False), rel=0.02)

@@ -91,6 +91,7 @@ class LayerCost:
     num_kernels: int
     wgrad_s: float = 0.0  # weight-gradient GEMMs inside bwd_compute_s (zero-bubble's W)
     op_recompute_s: float = 0.0  # what torchtitan's per-op selective checkpointing re-runs
+    op_recompute_tp_s: float = 0.0  # ... and the TP collectives outside its save list
 
     def act_bytes(self, recompute: str) -> float:
         """Bytes kept per in-flight micro-batch under ``recompute`` ("op" is counted as
@@ -107,7 +108,7 @@ class LayerCost:
         if recompute == "selective":
             return self.attn_core_s, 0.0, 0.0
         if recompute == "op":
-            return self.op_recompute_s, 0.0, 0.0
+            return self.op_recompute_s, self.op_recompute_tp_s, self.ep_fwd_s
         return 0.0, 0.0, 0.0
 
     @property
@@ -324,12 +325,18 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     act_none, act_sel, act_input = _activation_bytes(model, moe_layer, st, m, m_sp, s_loc)
     op_recompute = _op_sac_recompute(model, moe_layer, st, dev, host, m,
                                      fwd.total - fwd.gemm - core.total, mlp.routed_gemm_s)
+    # Per-op checkpointing keeps reduce-scatter outputs only: under sequence parallelism the
+    # two all-gathers (and expert TP's gather) run again, without it both all-reduces; the
+    # expert all-to-alls (outside the 2024-25 save list, their routed GEMMs re-run) too.
+    dense_tp = tp_fwd - mlp.tp_fwd_s
+    op_tp = dense_tp * (0.5 if st.sequence_parallel else 1.0) + 0.5 * mlp.tp_fwd_s
     return LayerCost(
         fwd_compute_s=fwd.total, bwd_compute_s=bwd.total, attn_core_s=core.total,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, act_none_bytes=act_none,
         act_selective_bytes=act_sel, act_input_bytes=act_input,
         num_kernels=fwd.kernels + bwd.kernels, wgrad_s=bwd.wgrad, op_recompute_s=op_recompute,
+        op_recompute_tp_s=op_tp,
     )
 
 

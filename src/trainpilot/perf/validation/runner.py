@@ -43,10 +43,10 @@ DATASET_THRESHOLDS = {"llama3_2024": 0.15}
 # 6.1%, 22.8%; 4.1%, 17.4% with the B200 data, chosen after its B200 rows were read); batch 4
 # (collected blind, scored once on 2026-12-06: 14.2% dense, 20.6% MoE); batch 5 (16 B200 rows
 # collected blind to test the B200 data, scored once on 2026-12-06: 5.9% dense; the B200 data it
-# replaced would have scored 17.6%). Pooled 14.4% dense over 417 rows; 13.4% since the
+# replaced would have scored 17.6%). Pooled 14.4% dense over 417 rows; 13.3% since the
 # torchtitan sources' per-op checkpointing is priced (recompute "op", 2026-12-06: chosen from
 # torchtitan's code after those rows' errors were read; batch 1 13.7 -> 13.4%, batch 2 32.3 ->
-# 26.0%).
+# 25.5%).
 HELD_OUT_GATES = {"dense": 0.145, "moe": 0.35}
 BATCH_GATES = {1: {"dense": 0.15, "moe": 0.18}, 2: {"dense": 0.28, "moe": 0.62},
                3: {"dense": 0.05, "moe": 0.19}, 4: {"dense": 0.155, "moe": 0.22},
