@@ -49,22 +49,23 @@ S, B, H, A = 2048, 2, 1024, 16
                "selective": S * B * H * 34 / 4, "full": 2 * S * B * H / 4}),
 ])
 def test_korthikanti_per_layer_activations(t, sp, expected):
-    none, selective, full = activation_bytes(_gpt(), False, _setup(tp=t, sequence_parallel=sp))
+    none, selective, full, _ = activation_bytes(_gpt(), False,
+                                                _setup(tp=t, sequence_parallel=sp))
     assert none == pytest.approx(expected["none"])
     assert selective == pytest.approx(expected["selective"])
     assert full == pytest.approx(expected["full"])
 
 
 def test_flash_attention_drops_the_score_tensor():
-    none, selective, _ = activation_bytes(_gpt(), False, _setup(flash_attention=True))
+    none, selective, _, _ = activation_bytes(_gpt(), False, _setup(flash_attention=True))
     # Only the fp32 log-sum-exp per query row remains: 4 bytes x b x a x s.
     assert none - selective == pytest.approx(4 * B * A * S)
 
 
 def test_gqa_and_swiglu_use_their_shapes():
     model = load_model("llama3-8b")  # h 4096, 32 heads, 8 KV heads, head 128, ffn 14336
-    _, selective, _ = activation_bytes(model, False, _setup(micro_batch_size=1, seq_len=8192,
-                                                            dropout=False))
+    _, selective, _, _ = activation_bytes(model, False, _setup(micro_batch_size=1,
+                                                               seq_len=8192, dropout=False))
     m, h, d = 8192, 4096, 128
     replicated = 2 * 4 * m * h  # norm inputs, QKV and fc1 inputs
     attention = 2 * m * (32 * d + 8 * d + 8 * d + 32 * d)  # Q, K, V, output-projection input
@@ -112,8 +113,8 @@ def test_in_flight_weighs_uneven_chunks_by_their_layers():
 def test_fp8_keeps_the_gemm_inputs_in_one_byte():
     """Under fp8 the saved QKV, fc1, output-projection and fc2 inputs are 1-byte copies."""
     model = _gpt()
-    _, bf16, _ = activation_bytes(model, False, _setup(tp=2))
-    _, fp8, _ = activation_bytes(model, False, _setup(tp=2, gemm_input_bytes=1))
+    _, bf16, _, _ = activation_bytes(model, False, _setup(tp=2))
+    _, fp8, _, _ = activation_bytes(model, False, _setup(tp=2, gemm_input_bytes=1))
     m = S * B
     gemm_inputs = 2 * m * H + (m * H + m * 4 * H) / 2  # QKV + fc1 inputs; proj + fc2 inputs
     assert bf16 - fp8 == pytest.approx(gemm_inputs)

@@ -67,7 +67,7 @@ class Estimator:
         self._flight: dict[tuple, float] = {}
         self._flights: dict[tuple, tuple[float, ...]] = {}
         self._p2p_cache: dict[tuple, float] = {}
-        self._acts: dict[tuple, tuple[float, float, float]] = {}
+        self._acts: dict[tuple, tuple[float, float, float, float]] = {}
         self._windows: dict[int, float] = {}
 
     # -- cached pieces ---------------------------------------------------------------------
@@ -178,8 +178,8 @@ class Estimator:
         return found
 
     def layer_act(self, lay: Layout, moe_layer: bool, sp: bool,
-                  micro_batch_size: int | None = None) -> tuple[float, float, float]:
-        """(none, selective, full) activation bytes per layer and micro-batch (memory checks
+                  micro_batch_size: int | None = None) -> tuple[float, float, float, float]:
+        """(none, selective, full, op) activation bytes per layer and micro-batch (memory checks
         need no time model); ``micro_batch_size`` overrides the layout's."""
         mb = micro_batch_size or lay.micro_batch_size
         key = (moe_layer, lay.tp, lay.cp, mb, lay.seq_len, sp, lay.precision,

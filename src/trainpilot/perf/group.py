@@ -92,8 +92,8 @@ class Group:
             found = self._layers[sp] = (dense, moe)
         return found
 
-    def acts(self, sp: bool) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-        """(dense, MoE) activation bytes per layer: (none, selective, full recompute)."""
+    def acts(self, sp: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """(dense, MoE) activation bytes per layer: (none, selective, full, op)."""
         found = self._acts.get(sp)
         if found is None:
             dense = self.est.layer_act(self.base, False, sp)
@@ -161,7 +161,7 @@ class Group:
         (w_d, g_d, o_d), (w_e, g_e, o_e) = (
             bytes_per_param(zero, self.shards, gb, unsharded),
             bytes_per_param(zero, self.expert_shards, gb, unsharded))
-        dense = est.layer_act(lay, False, sp, 1)  # (none, selective, full) bytes at mb = 1
+        dense = est.layer_act(lay, False, sp, 1)  # (none, selective, full, op) at mb = 1
         moe = est.layer_act(lay, True, sp, 1) if est.model.is_moe else dense
         pick = MODE_INDEX[mode]
         h, t = est.model.hidden_size, lay.tp

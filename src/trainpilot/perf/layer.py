@@ -88,17 +88,18 @@ class LayerCost:
     act_none_bytes: float  # everything the backward needs
     act_selective_bytes: float  # without the attention scores
     act_input_bytes: float  # the layer input only (full recompute)
+    act_op_bytes: float  # what torchtitan's per-op selective checkpointing saves
     num_kernels: int
     wgrad_s: float = 0.0  # weight-gradient GEMMs inside bwd_compute_s (zero-bubble's W)
     op_recompute_s: float = 0.0  # what torchtitan's per-op selective checkpointing re-runs
     op_recompute_tp_s: float = 0.0  # ... and the TP collectives outside its save list
 
     def act_bytes(self, recompute: str) -> float:
-        """Bytes kept per in-flight micro-batch under ``recompute`` ("op" is counted as
-        "none": an upper bound, since it drops the elementwise outputs and every second
-        matmul's)."""
+        """Bytes kept per in-flight micro-batch under ``recompute``."""
         if recompute == "full":
             return self.act_input_bytes
+        if recompute == "op":
+            return self.act_op_bytes
         return self.act_selective_bytes if recompute == "selective" else self.act_none_bytes
 
     def recompute_s(self, recompute: str) -> tuple[float, float, float]:
@@ -322,7 +323,8 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
                            dev.curve.overlap_slowdown)
         ep_fwd = ep_bwd = both / 2
 
-    act_none, act_sel, act_input = _activation_bytes(model, moe_layer, st, m, m_sp, s_loc)
+    act_none, act_sel, act_input, act_op = _activation_bytes(model, moe_layer, st, m, m_sp,
+                                                             s_loc)
     op_recompute = _op_sac_recompute(model, moe_layer, st, dev, host, m,
                                      fwd.total - fwd.gemm - core.total, mlp.routed_gemm_s)
     # Per-op checkpointing keeps reduce-scatter outputs only: under sequence parallelism the
@@ -334,7 +336,7 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
         fwd_compute_s=fwd.total, bwd_compute_s=bwd.total, attn_core_s=core.total,
         tp_fwd_s=tp_fwd, tp_bwd_s=tp_bwd, ep_fwd_s=ep_fwd, ep_bwd_s=ep_bwd,
         cp_fwd_s=cp_fwd, cp_bwd_s=cp_bwd, act_none_bytes=act_none,
-        act_selective_bytes=act_sel, act_input_bytes=act_input,
+        act_selective_bytes=act_sel, act_input_bytes=act_input, act_op_bytes=act_op,
         num_kernels=fwd.kernels + bwd.kernels, wgrad_s=bwd.wgrad, op_recompute_s=op_recompute,
         op_recompute_tp_s=op_tp,
     )
@@ -351,8 +353,8 @@ def _overlapped(comm: float, window: float, chunks: int, slowdown: float) -> flo
 
 
 def activation_bytes(model: ModelSpec, moe_layer: bool, setup: LayerSetup
-                     ) -> tuple[float, float, float]:
-    """(no recompute, selective, full recompute) bytes one layer keeps per micro-batch."""
+                     ) -> tuple[float, float, float, float]:
+    """(no recompute, selective, full, per-op) bytes one layer keeps per micro-batch."""
     s_loc = setup.seq_len / setup.cp
     m = setup.micro_batch_size * s_loc
     m_sp = m / setup.tp if setup.sequence_parallel else m
@@ -360,8 +362,9 @@ def activation_bytes(model: ModelSpec, moe_layer: bool, setup: LayerSetup
 
 
 def _activation_bytes(model: ModelSpec, moe_layer: bool, st: LayerSetup, m: float,
-                      m_sp: float, s_loc: float) -> tuple[float, float, float]:
-    """(no recompute, selective, full) activation bytes of one layer, one micro-batch."""
+                      m_sp: float, s_loc: float) -> tuple[float, float, float, float]:
+    """(no recompute, selective, full, per-op) activation bytes of one layer, one
+    micro-batch."""
     h, a, t = model.hidden_size, model.num_attention_heads, st.tp
     qk, vd, kvh = _head_dims(model)
     g = st.gemm_input_bytes  # saved GEMM inputs (1 under fp8: the quantized copy is kept)
@@ -391,4 +394,15 @@ def _activation_bytes(model: ModelSpec, moe_layer: bool, st: LayerSetup, m: floa
         scores = (2 * ACT_BYTES + 1 if st.dropout else ACT_BYTES) * b * (a / t) * s_loc * \
             st.seq_len
     selective = replicated + sharded
-    return selective + scores, selective, ACT_BYTES * m_sp * h
+    # torchtitan's per-op checkpointing keeps the layer's input, the outputs of the matmuls it
+    # saves (the odd ones of the layer; none under fp8, whose ``_scaled_mm`` is outside its
+    # save list), the attention output with its log-sum-exp, and under sequence parallelism
+    # the two reduce-scatter outputs; everything else is re-run (``_op_sac_recompute``).
+    fp8 = g < ACT_BYTES
+    op = ACT_BYTES * m_sp * h + ACT_BYTES * m * (a / t) * vd + 4.0 * b * (a / t) * s_loc
+    if not fp8:
+        op += sum(ACT_BYTES * m * n for i, (n, _) in
+                  enumerate(op_sac_linears(model, moe_layer, t), start=1) if i % 2 == 1)
+    if st.sequence_parallel and t > 1:
+        op += 2 * ACT_BYTES * m_sp * h
+    return selective + scores, selective, ACT_BYTES * m_sp * h, op

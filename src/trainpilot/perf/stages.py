@@ -147,9 +147,9 @@ class Costing:
     spans: dict[str, GroupSpan]
 
 
-# A recompute mode's slot in the (none, selective, full) tuples of per-layer numbers; "op"
-# (torchtitan's per-op selective checkpointing) keeps at most what "none" keeps.
-MODE_INDEX = {"none": 0, "selective": 1, "full": 2, "op": 0}
+# A recompute mode's slot in the (none, selective, full, op) tuples of per-layer numbers ("op":
+# torchtitan's per-op selective checkpointing).
+MODE_INDEX = {"none": 0, "selective": 1, "full": 2, "op": 3}
 
 
 def add_layers(st: StageNumbers, layer: LayerCost, count: int, mode: str) -> None:
