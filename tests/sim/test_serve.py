@@ -371,3 +371,25 @@ def test_an_engine_that_admits_on_current_length_runs_more_sequences():
     assert simulate_serve(l70, h100, static.replace(kv_admission="current"),
                           EFF).largest_batch == simulate_serve(l70, h100, static,
                                                                EFF).largest_batch
+
+
+def test_the_cli_takes_the_engine_s_memory_and_precision_fields():
+    """The vLLM / Meta FP8 fields from the command line give the same KV capacity as the plan
+    document that sets them; a bad value is one line and exit 2."""
+    base = ["simulate", "serve", "--model", "llama3-405b", "--cluster", "h100-sxm-x8",
+            "--plan", "decode.tp=8,input_len=2048,output_len=2048,weight_dtype=fp8", "--json"]
+    flags = ["--quantized-modules", "mlp", "--unquantized-end-layers", "1", "--kv-mem-basis",
+             "total", "--profile-tokens", "91680", "--kv-admission", "current"]
+    cli = run_cli(*base, *flags)
+    assert cli.returncode == 0, cli.stderr
+    plan = ServePlan(decode=InstanceLayout(tp=8), input_len=2048, output_len=2048,
+                     weight_dtype="fp8", quantized_modules="mlp", unquantized_end_layers=1,
+                     kv_mem_basis="total", profile_tokens=91680, kv_admission="current")
+    report = simulate_serve(load_model("llama3-405b"), load_cluster("h100-sxm-x8"), plan,
+                            serve_validation.calibrated_efficiency())
+    data = json.loads(cli.stdout)
+    assert data["kv_capacity_tokens"] == pytest.approx(report.kv_capacity_tokens, rel=1e-9)
+    assert data["largest_batch"] == report.largest_batch == int(
+        report.kv_capacity_tokens // (2048 + 1024))
+    bad = run_cli(*base, "--kv-admission", "sometimes")
+    assert bad.returncode == 2 and "--kv-admission" in bad.stderr

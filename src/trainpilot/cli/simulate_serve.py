@@ -26,6 +26,20 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-dtype", choices=["bf16", "fp16", "fp8", "fp4"])
     g.add_argument("--kv-dtype", choices=["bf16", "fp16", "fp8"])
     g.add_argument("--batching", choices=["static", "continuous"])
+    g.add_argument("--quantized-modules", choices=["all", "mlp"],
+                   help="linear maps the weight dtype covers (mlp: Meta's Llama 3.1 FP8 "
+                        "checkpoints, attention in 16-bit)")
+    g.add_argument("--unquantized-end-layers", type=int, metavar="N",
+                   help="decoder layers at each end left 16-bit (Meta's FP8: 1)")
+    g.add_argument("--kv-mem-basis", choices=["free", "total"],
+                   help="kv_mem_fraction of the memory left after the weights (TensorRT-LLM) "
+                        "or of the whole device (vLLM's gpu_memory_utilization)")
+    g.add_argument("--profile-tokens", type=int, metavar="N",
+                   help="tokens of the pass whose activations the engine reserves before "
+                        "sizing its cache (vLLM: max_num_batched_tokens)")
+    g.add_argument("--kv-admission", choices=["full", "current"],
+                   help="admit a sequence when its whole length fits (full) or on the blocks "
+                        "it holds (current: vLLM, SGLang)")
     g = p.add_argument_group("model efficiency and validation")
     g.add_argument("--uncalibrated", action="store_true",
                    help="use the physics defaults instead of the calibrated efficiency")
@@ -50,7 +64,8 @@ def _plan(args: argparse.Namespace):
     if decode:
         over["decode"] = decode
     for key in ("input_len", "output_len", "batch_size", "weight_dtype", "kv_dtype",
-                "batching"):
+                "batching", "quantized_modules", "unquantized_end_layers", "kv_mem_basis",
+                "profile_tokens", "kv_admission"):
         if getattr(args, key) is not None:
             over[key] = getattr(args, key)
     spec = {k: v for k, v in (("num_draft_tokens", args.mtp), ("acceptance", args.acceptance))
