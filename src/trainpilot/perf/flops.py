@@ -195,16 +195,16 @@ def hardware_flops_per_token(model: ModelSpec, seq_len: int, recompute: str) -> 
 
 def op_recompute_share(model: ModelSpec) -> float:
     """Share of the linear maps' forward FLOPs that torchtitan's per-op selective checkpointing
-    re-runs in 16-bit training: every second ``mm`` of a layer (``perf.layer.op_sac_linears``)
+    re-runs in 16-bit training: every second ``mm`` of a layer (``perf.layer.op_sac_split``)
     and an MoE layer's routed experts (grouped GEMMs, outside its save list)."""
-    from trainpilot.perf.layer import op_sac_linears
+    from trainpilot.perf.layer import op_sac_split
 
     total = again = 0.0
     for index in range(model.num_hidden_layers):
         moe_layer = model.is_moe_layer(index)
-        for i, (n, k) in enumerate(op_sac_linears(model, moe_layer, 1), start=1):
-            total += n * k
-            again += n * k if i % 2 == 0 else 0.0
+        saved, rerun = op_sac_split(model, moe_layer, 1)
+        again += sum(n * k for n, k in rerun)
+        total += sum(n * k for n, k in saved + rerun)
         if moe_layer:
             moe = model.moe
             assert moe is not None  # an MoE layer implies the MoE spec

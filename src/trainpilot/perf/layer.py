@@ -194,6 +194,14 @@ def op_sac_linears(model: ModelSpec, moe_layer: bool, tp: int) -> list[tuple[flo
     return out
 
 
+def op_sac_split(model: ModelSpec, moe_layer: bool, tp: int
+                 ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """(saved, re-run) linears of ``op_sac_linears`` by torchtitan's rule: the outputs of the
+    odd ``mm`` of a layer are saved, every second one is recomputed."""
+    linears = op_sac_linears(model, moe_layer, tp)
+    return linears[0::2], linears[1::2]
+
+
 def _op_sac_recompute(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device,
                       host: float, m: float, elementwise_s: float, routed_s: float) -> float:
     """Seconds torchtitan's per-op selective activation checkpointing re-runs before a layer's
@@ -202,10 +210,10 @@ def _op_sac_recompute(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: De
     recomputed: the elementwise kernels (norms, RoPE, activation, residuals, casts, the
     router), every second 16-bit linear, and ops outside the list: the routed experts'
     grouped GEMMs and, under fp8, every linear (``aten._scaled_mm``)."""
+    saved, rerun = op_sac_split(model, moe_layer, st.tp)
     ops = Ops(host)
-    for i, (n, k) in enumerate(op_sac_linears(model, moe_layer, st.tp), start=1):
-        if dev.fp8 or i % 2 == 0:
-            ops.add_gemm(dev.gemm_s(m, n, k, linear=True))
+    for n, k in (saved + rerun if dev.fp8 else rerun):
+        ops.add_gemm(dev.gemm_s(m, n, k, linear=True))
     return ops.total + elementwise_s + routed_s
 
 
@@ -401,8 +409,7 @@ def _activation_bytes(model: ModelSpec, moe_layer: bool, st: LayerSetup, m: floa
     fp8 = g < ACT_BYTES
     op = ACT_BYTES * m_sp * h + ACT_BYTES * m * (a / t) * vd + 4.0 * b * (a / t) * s_loc
     if not fp8:
-        op += sum(ACT_BYTES * m * n for i, (n, _) in
-                  enumerate(op_sac_linears(model, moe_layer, t), start=1) if i % 2 == 1)
+        op += sum(ACT_BYTES * m * n for n, _ in op_sac_split(model, moe_layer, t)[0])
     if st.sequence_parallel and t > 1:
         op += 2 * ACT_BYTES * m_sp * h
     return selective + scores, selective, ACT_BYTES * m_sp * h, op
