@@ -64,7 +64,6 @@ class Group:
         # share them.
         self._coeffs: dict[tuple, list[tuple]] = like._coeffs if like is not None else {}
         self._bounds: dict[tuple[bool, str], float] = {}
-        self._acts: dict[bool, tuple] = {}
 
     def _sp_layout(self, sp: bool) -> Layout:
         found = self._sp_layouts.get(sp)
@@ -90,15 +89,6 @@ class Group:
             dense = self.est.layer(lay, False, self.spans)
             moe = self.est.layer(lay, True, self.spans) if self.est.model.is_moe else dense
             found = self._layers[sp] = (dense, moe)
-        return found
-
-    def acts(self, sp: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """(dense, MoE) activation bytes per layer: (none, selective, full, op)."""
-        found = self._acts.get(sp)
-        if found is None:
-            dense = self.est.layer_act(self.base, False, sp)
-            moe = self.est.layer_act(self.base, True, sp) if self.est.model.is_moe else dense
-            found = self._acts[sp] = (dense, moe)
         return found
 
     def edges(self, sp: bool, k: int) -> tuple[float, float, float, float]:

@@ -365,12 +365,20 @@ class PassShape:
 _LayerKind = tuple[bool, float, float]
 
 
+def layer_kind(model: ModelSpec, plan: ServePlan, index: int, *,
+               moe: bool | None = None) -> _LayerKind:
+    """Decoder layer ``index`` as the pass prices it (``moe`` overrides whether it is an MoE
+    layer: an MTP module is one when the model has experts)."""
+    moe_layer = model.is_moe_layer(index) if moe is None else moe
+    return (moe_layer, plan.weight_bytes("attention", index, model.num_layers),
+            plan.weight_bytes("mlp", index, model.num_layers))
+
+
 def layer_kinds(model: ModelSpec, plan: ServePlan) -> dict[_LayerKind, int]:
     """How many decoder layers of each kind the model has under ``plan``'s precisions."""
     kinds: dict[_LayerKind, int] = {}
     for i in range(model.num_layers):
-        kind = (model.is_moe_layer(i), plan.weight_bytes("attention", i, model.num_layers),
-                plan.weight_bytes("mlp", i, model.num_layers))
+        kind = layer_kind(model, plan, i)
         kinds[kind] = kinds.get(kind, 0) + 1
     return kinds
 
@@ -492,10 +500,9 @@ def pass_cost(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, layout: I
         # One MTP module (a decoder layer) per draft token, on the decode rows.
         draft = PassShape(decode_seqs=shape.decode_seqs, decode_rows=shape.decode_seqs,
                           context=shape.context)
-        inner = model.num_layers // 2  # an MTP module is quantized as the inner layers
-        layer, a2a = _layer(model, layout, plan, hw, eff, draft, (
-            model.is_moe, plan.weight_bytes("attention", inner, model.num_layers),
-            plan.weight_bytes("mlp", inner, model.num_layers)))
+        # An MTP module is quantized as the inner layers are.
+        layer, a2a = _layer(model, layout, plan, hw, eff, draft,
+                            layer_kind(model, plan, model.num_layers // 2, moe=model.is_moe))
         layer.add("all_to_all", a2a)
         total = total.merged(layer.scaled(plan.speculative.num_draft_tokens))
     total.add("overhead", eff.step_overhead_s)
