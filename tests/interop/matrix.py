@@ -54,6 +54,21 @@ def cases() -> list[tuple[str, ModelSpec, Plan]]:
     ]
 
 
+def megatron_runtime_cases() -> list[tuple[str, ModelSpec, Plan]]:
+    """Megatron-Core runtime knobs the cost model prices: token dropping with padded expert
+    inputs, CUDA-graph scopes (dropless: attention and router; drop-and-pad: the MoE block)."""
+    return [
+        _case("moe-qwen3-dropless-graphs", "qwen3-30b-a3b", dp=8, ep=8, etp=1,
+              global_batch_size=16, runtime=dict(stack="megatron", cuda_graph_scope=[
+                  "attn", "moe_router", "moe_preprocess"])),
+        _case("moe-qwen3-tokendrop-moe-graph", "qwen3-30b-a3b", dp=8, ep=8, etp=1,
+              global_batch_size=16, runtime=dict(stack="megatron", moe_capacity_factor=1.0,
+                                                 cuda_graph_scope=["attn", "moe"])),
+        _case("dense-full-iteration-graph", "llama3-8b", tp=2, dp=2, global_batch_size=16,
+              runtime=dict(stack="megatron", cuda_graph_scope=["full_iteration"])),
+    ]
+
+
 def refusals() -> list[tuple[str, ModelSpec, Plan]]:
     """Combinations a consumer refuses; the exporters must refuse them too."""
     tied = load_model("tiny-gpt").replace(tie_word_embeddings=True, name="tiny-tied")

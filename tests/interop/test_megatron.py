@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.interop.matrix import cases, refusals
+from tests.interop.matrix import cases, megatron_runtime_cases, refusals
 from trainpilot.plan.megatron import megatron_export
 from trainpilot.specs import SpecError
+from trainpilot.specs.loading import validate
 
 pytest.importorskip("megatron.core")
 
@@ -59,6 +60,8 @@ _CONFIG = {
     "--v-head-dim": None, "--rope-type": None, "--rotary-scaling-factor": None,
     "--mscale": None, "--mscale-all-dim": None,
     "--no-gradient-accumulation-fusion": "gradient_accumulation_fusion",
+    "--moe-expert-capacity-factor": None, "--moe-pad-expert-input-to-capacity": None,
+    "--cuda-graph-impl": None, "--cuda-graph-scope": None,
 }
 # Flags that configure the model constructor, the data-parallel wrapper or the trainer, not
 # TransformerConfig: checked by name (FLAGS) and, for the DDP ones, by its config below.
@@ -70,7 +73,7 @@ _ELSEWHERE = {"--micro-batch-size", "--group-query-attention", "--global-batch-s
               "--ckpt-format"}
 _FALSE_FLAGS = {"--disable-bias-linear", "--no-gradient-accumulation-fusion"}
 _FLOATS = {"layernorm_epsilon", "moe_router_topk_scaling_factor", "moe_aux_loss_coeff",
-           "rotary_scaling_factor", "mscale", "mscale_all_dim"}
+           "rotary_scaling_factor", "mscale", "mscale_all_dim", "moe_expert_capacity_factor"}
 
 
 def transformer_config(flags: list[tuple[str, object]]):
@@ -92,6 +95,8 @@ def transformer_config(flags: list[tuple[str, object]]):
             kwargs[name] = ast.literal_eval(str(value))
         elif name in _FLOATS:
             kwargs[name] = float(value)
+        elif isinstance(value, list):
+            kwargs[name] = list(value)
         else:
             kwargs[name] = int(value) if str(value).lstrip("-").isdigit() else value
     if kwargs.pop("gated_linear_unit", False):
@@ -128,7 +133,10 @@ def _check_layout(flags: dict, world_size: int) -> None:
     assert experts.world_size == world_size
 
 
-@pytest.mark.parametrize("name,model,plan", cases(), ids=[c[0] for c in cases()])
+_ALL = cases() + megatron_runtime_cases()
+
+
+@pytest.mark.parametrize("name,model,plan", _ALL, ids=[c[0] for c in _ALL])
 def test_megatron_core_accepts_the_export(name, model, plan):
     from megatron.core.distributed import DistributedDataParallelConfig
 
@@ -154,6 +162,13 @@ def test_megatron_core_accepts_the_export(name, model, plan):
         assert config.moe_router_score_function == model.moe.router_score
         assert config.moe_router_enable_expert_bias == model.moe.router_expert_bias
     assert (config.mtp_num_layers or 0) == model.num_mtp_layers
+    rt = plan.runtime
+    if rt.moe_capacity_factor is not None:
+        assert config.moe_expert_capacity_factor == rt.moe_capacity_factor
+        assert config.moe_pad_expert_input_to_capacity
+    if rt.cuda_graph_scope:
+        assert config.cuda_graph_impl != "none"
+        assert {s.name for s in config.cuda_graph_scope} == set(rt.cuda_graph_scope)
     assert ("--untie-embeddings-and-output-weights" in by_flag) != model.tie_word_embeddings
 
 
@@ -177,6 +192,21 @@ def test_a_config_megatron_rejects_fails_here_too():
     bad = [(f, 3 if f == "--num-query-groups" else v) for f, v in flags]  # 32 heads % 3
     with pytest.raises((AssertionError, ValueError)):
         transformer_config(bad)
+
+
+def test_megatron_and_the_plan_refuse_a_dropless_moe_graph():
+    """Negative control for the graph scopes: Megatron-Core refuses to capture a dropless MoE
+    block (dynamic shapes) and so does the Plan, in one line."""
+    _, model, plan = megatron_runtime_cases()[0]
+    flags = [(f, ["attn", "moe"] if f == "--cuda-graph-scope" else v)
+             for f, v in megatron_export(plan, model).flags]
+    with pytest.raises(AssertionError, match="drop-padding"):
+        transformer_config(flags)
+    data = {**plan.model_dump(), "runtime": {"stack": "megatron",
+                                             "cuda_graph_scope": ["attn", "moe"]}}
+    with pytest.raises(SpecError, match="moe_capacity_factor") as info:
+        validate(type(plan), data, doc="plan")
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("name,model,plan", refusals(), ids=[c[0] for c in refusals()])

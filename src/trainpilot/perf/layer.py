@@ -27,6 +27,8 @@ generalised to GQA, MLA, SwiGLU and MoE by the actual tensor shapes:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 from trainpilot.perf.hardware import Device
@@ -123,20 +125,64 @@ class LayerCost:
 
 
 class Ops:
-    """Accumulates kernels: each takes max(its GPU time, the host's issue time)."""
+    """Accumulates the kernels of one pass over a layer as the host issues them and the GPU
+    runs them. The host issues asynchronously, ahead of the GPU, so a run of kernels takes
+    max(their GPU time, the host's time to issue them); a host synchronization (``sync``: the
+    host waits on a device-to-host copy, as a dropless MoE layer's token counts) ends a run,
+    since the host cannot issue past it and the GPU idles while the host issues what follows,
+    so the runs on either side of it add."""
 
     def __init__(self, host_s: float):
         self.host_s = host_s
-        self.total = 0.0
+        self.gpu = 0.0  # GPU seconds of the open run
+        self.host = 0.0  # host issue seconds of the open run
+        self.closed = 0.0  # seconds of the runs ended by a sync
         self.kernels = 0
+        self.syncs = 0
+        self.graphed = False  # inside a captured CUDA graph: kernels cost no issue time
         self.gemm = 0.0  # GEMM seconds (what TP overlap hides collectives behind)
         self.wgrad = 0.0  # weight-gradient GEMM seconds (backward only)
 
+    @property
+    def total(self) -> float:
+        return self.closed + max(self.gpu, self.host)
+
     def add(self, gpu_s: float, kernels: int = 1) -> float:
-        t = max(gpu_s, kernels * self.host_s)
-        self.total += t
+        """``kernels`` kernels taking ``gpu_s`` on the GPU; returns ``gpu_s``."""
+        self.gpu += gpu_s
+        if not self.graphed:
+            self.host += kernels * self.host_s
         self.kernels += kernels
-        return t
+        return gpu_s
+
+    @contextmanager
+    def graph(self, on: bool) -> Iterator[None]:
+        """Kernels added inside run as one replayed CUDA graph when ``on``: the host issues
+        the graph (one launch), not its kernels."""
+        if not on or self.graphed:
+            yield
+            return
+        self.host += self.host_s
+        self.graphed = True
+        try:
+            yield
+        finally:
+            self.graphed = False
+
+    def sync(self) -> None:
+        """The host waits for the GPU here (a device-to-host copy it needs)."""
+        self.closed += max(self.gpu, self.host)
+        self.gpu = self.host = 0.0
+        self.syncs += 1
+
+    def absorb(self, other: Ops) -> None:
+        """Append ``other``'s kernels (issued by the same host, no sync among them)."""
+        assert not other.syncs, "absorb a run without syncs"
+        self.gpu += other.gpu
+        self.host += other.host
+        self.kernels += other.kernels
+        self.gemm += other.gemm
+        self.wgrad += other.wgrad
 
     def add_gemm(self, gpu_s: float, *, backward: bool = False, launches: int = 1) -> float:
         """A GEMM (forward) or its data- and weight-gradient GEMMs (``backward``: two
@@ -194,6 +240,14 @@ def op_sac_linears(model: ModelSpec, moe_layer: bool, tp: int) -> list[tuple[flo
     return out
 
 
+def graphed(on: bool, *ops: Ops) -> ExitStack:
+    """Run the kernels added inside as CUDA graphs in each of ``ops`` when ``on``."""
+    stack = ExitStack()
+    for o in ops:
+        stack.enter_context(o.graph(on))
+    return stack
+
+
 def op_sac_split(model: ModelSpec, moe_layer: bool, tp: int
                  ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """(saved, re-run) linears of ``op_sac_linears`` by torchtitan's rule: the outputs of the
@@ -244,51 +298,58 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     host = dev.host_s + (dev.host_sharded_s if t > 1 else 0.0)
     fwd, bwd = Ops(host), Ops(host)
 
-    # Attention projections.
-    for n, k in _attention_gemms(model, t):
-        fwd.add_gemm(dev.gemm_s(m, n, k, linear=True))
-        bwd.add_gemm(dev.gemm_s(m, n, k, linear=True), backward=True)
-        if dev.fp8:  # quantize the input (forward) and the output's gradient (backward)
-            fwd.add(dev.fp8_cast_s(m * k))
-            bwd.add(dev.fp8_cast_s(m * n))
-
-    # Attention core (sliding windows: fewer keys per query, ``window_factor``).
+    # Attention projections, core, input norm, residual and RoPE: Megatron's "attn" CUDA-graph
+    # scope.
     core = Ops(host)
-    if st.flash_attention:
-        flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL * st.window_factor
-        core.add(dev.attention_s(flops, rt.attention_kernel))
-        bwd.add(dev.attention_s(FLASH_BWD * flops, rt.attention_kernel))
-    else:
-        batch = b * a_t
-        keys = st.seq_len * min(1.0, st.window_factor * 2) if st.window_factor < 1 \
-            else st.seq_len
-        scores = batch * s_loc * keys
-        core.add(dev.gemm_s(s_loc, keys, qk, batch=batch))  # QK^T
-        core.add(dev.memory_s(2 * ACT_BYTES * scores))  # fused scale-mask-softmax
-        if st.dropout:
-            core.add(dev.memory_s((2 * ACT_BYTES + 1) * scores))
-        core.add(dev.gemm_s(s_loc, vd, keys, batch=batch))  # AV
-        core.add(dev.memory_s(2 * ACT_BYTES * m * a_t * vd))  # context permute to [s, b, h]
-        bwd.add(2 * dev.gemm_s(s_loc, keys, qk, batch=batch), 2)
-        bwd.add(2 * dev.gemm_s(s_loc, vd, keys, batch=batch), 2)
-        bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * scores) * (2.25 if st.dropout else 1), 2)
-        bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * m * a_t * vd))
-    fwd.total += core.total
-    fwd.kernels += core.kernels
+    core.graphed = rt.graphed("attn")  # replayed inside the attention block's graph
+    with graphed(rt.graphed("attn"), fwd, bwd):
+        for n, k in _attention_gemms(model, t):
+            fwd.add_gemm(dev.gemm_s(m, n, k, linear=True))
+            bwd.add_gemm(dev.gemm_s(m, n, k, linear=True), backward=True)
+            if dev.fp8:  # quantize the input (forward) and the output's gradient (backward)
+                fwd.add(dev.fp8_cast_s(m * k))
+                bwd.add(dev.fp8_cast_s(m * n))
 
-    # Memory-bound kernels around the GEMMs: 2 norms, 2 residual adds (+dropout), RoPE.
+        # Attention core (sliding windows: fewer keys per query, ``window_factor``).
+        if st.flash_attention:
+            flops = 2.0 * b * a_t * s_loc * st.seq_len * (qk + vd) * CAUSAL * st.window_factor
+            core.add(dev.attention_s(flops, rt.attention_kernel))
+            bwd.add(dev.attention_s(FLASH_BWD * flops, rt.attention_kernel))
+        else:
+            batch = b * a_t
+            keys = st.seq_len * min(1.0, st.window_factor * 2) if st.window_factor < 1 \
+                else st.seq_len
+            scores = batch * s_loc * keys
+            core.add(dev.gemm_s(s_loc, keys, qk, batch=batch))  # QK^T
+            core.add(dev.memory_s(2 * ACT_BYTES * scores))  # fused scale-mask-softmax
+            if st.dropout:
+                core.add(dev.memory_s((2 * ACT_BYTES + 1) * scores))
+            core.add(dev.gemm_s(s_loc, vd, keys, batch=batch))  # AV
+            core.add(dev.memory_s(2 * ACT_BYTES * m * a_t * vd))  # context permute to [s, b, h]
+            bwd.add(2 * dev.gemm_s(s_loc, keys, qk, batch=batch), 2)
+            bwd.add(2 * dev.gemm_s(s_loc, vd, keys, batch=batch), 2)
+            bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * scores) * (2.25 if st.dropout else 1),
+                    2)
+            bwd.add(BWD_MEM * dev.memory_s(2 * ACT_BYTES * m * a_t * vd))
+        fwd.absorb(core)
+
+    # Memory-bound kernels around the GEMMs: 2 norms, 2 residual adds (+dropout), RoPE. The
+    # first norm and residual belong to the attention block, the second to the MLP (the MoE
+    # router's graph scope).
     norm = ACT_BYTES * 2 * m_sp * h
     resid = (ACT_BYTES * 3 + (1 if st.dropout else 0)) * m_sp * h
-    for _ in range(2):
-        fwd.add_elementwise(dev.memory_s(norm), model.norm, rt)
-        bwd.add_elementwise(BWD_MEM * dev.memory_s(norm), model.norm, rt, backward=True)
-        fwd.add(dev.memory_s(resid))
-        bwd.add(BWD_MEM * dev.memory_s(resid))
+    for scope in ("attn", "moe_router" if moe_layer else "mlp"):
+        with graphed(rt.graphed(scope), fwd, bwd):
+            fwd.add_elementwise(dev.memory_s(norm), model.norm, rt)
+            bwd.add_elementwise(BWD_MEM * dev.memory_s(norm), model.norm, rt, backward=True)
+            fwd.add(dev.memory_s(resid))
+            bwd.add(BWD_MEM * dev.memory_s(resid))
     if model.position_embedding == "rope":
         rope = ACT_BYTES * 2 * m * (a_t + kv_t) * (qk if model.mla is None else
                                                     model.mla.qk_rope_head_dim)
-        fwd.add_elementwise(dev.memory_s(rope), "rope", rt)
-        bwd.add_elementwise(BWD_MEM * dev.memory_s(rope), "rope", rt, backward=True)
+        with graphed(rt.graphed("attn"), fwd, bwd):
+            fwd.add_elementwise(dev.memory_s(rope), "rope", rt)
+            bwd.add_elementwise(BWD_MEM * dev.memory_s(rope), "rope", rt, backward=True)
 
     # Feed-forward block (dense MLP, or router, experts and their communication).
     mlp = mlp_cost(model, moe_layer, st, dev, net, spans, m, fwd, bwd)
@@ -334,7 +395,8 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     act_none, act_sel, act_input, act_op = _activation_bytes(model, moe_layer, st, m, m_sp,
                                                              s_loc)
     op_recompute = _op_sac_recompute(model, moe_layer, st, dev, host, m,
-                                     fwd.total - fwd.gemm - core.total, mlp.routed_gemm_s)
+                                     max(0.0, fwd.total - fwd.gemm - core.total),
+                                     mlp.routed_gemm_s)
     # Per-op checkpointing keeps reduce-scatter outputs only: under sequence parallelism the
     # two all-gathers (and expert TP's gather) run again, without it both all-reduces; the
     # expert all-to-alls (outside the 2024-25 save list, their routed GEMMs re-run) too.

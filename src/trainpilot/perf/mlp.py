@@ -8,6 +8,12 @@ of size ``etp`` the copies are gathered over the expert-TP group, so each rank c
 ``etp x m_r x top_k`` rows on ``width / etp`` slices of its ``experts / ep`` local experts. With
 ``etp = tp`` (the classic layout) that is ``m x top_k`` rows on ``width / tp``.
 
+Dropless routing (``runtime.moe_capacity_factor`` unset) needs the per-expert token counts on
+the host before the experts run: the forward syncs there (``Ops.sync``), and the host's issue
+time of the kernels after it adds to the GPU's instead of hiding behind it. With a capacity
+factor the expert inputs are padded to it: static shapes, no sync, and every expert computes
+the capacity's rows.
+
 Dispatch: NCCL's all-to-all sends each copy to its destination GPU, the ``(n - g)/n`` share off
 the node over the NIC. DeepEP (``runtime.ep_dispatcher = deepep``) sends one copy per
 destination node over the network and forwards inside the node over NVLink: for ``top_k``
@@ -21,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainpilot.perf.hardware import Device
-from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerSetup, Ops
+from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerSetup, Ops, graphed
 from trainpilot.perf.topology import GroupSpan, Network
 from trainpilot.specs import ModelSpec
 
@@ -90,28 +96,36 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         return gemms
 
     if not moe_layer:
-        dense(m, model.ffn_size, st.tp)
+        with graphed(rt.graphed("mlp"), fwd, bwd):
+            dense(m, model.ffn_size, st.tp)
         return MlpComm(0.0, 0.0)
     moe = model.moe
     assert moe is not None
     t, etp = st.tp, st.expert_tp
     m_route = m / t if t > 1 else m  # Megatron routes sequence-parallel shards when tp > 1
-    rows = expert_rows(model, st, m) * st.ep_imbalance
-    fwd.add(dev.gemm_s(m_route, moe.num_experts, h))  # router
-    fwd.add(dev.memory_s(3 * 4 * m_route * moe.num_experts))  # softmax + top-k in fp32
-    permute = 2 * ACT_BYTES * 2 * (rows / etp) * h  # gather into expert order and back
-    fwd.add(dev.memory_s(permute), 2)
-    bwd.add(BWD_MEM * dev.memory_s(permute), 2)
-    local = moe.num_experts / st.ep
-    routed = dense(rows / local, moe.expert_intermediate_size, etp, experts=local)
-    if moe.num_shared_experts:
-        dense(m, moe.shared_width, t)
+    # The busiest rank's expert rows: the mean times the routing imbalance (dropless), or
+    # exactly the capacity when token dropping pads the expert inputs to it.
+    load = rt.capacity_factor if rt.capacity_factor is not None else st.ep_imbalance
+    rows = expert_rows(model, st, m) * load
+    with graphed(rt.graphed("moe_router"), fwd, bwd):
+        fwd.add(dev.gemm_s(m_route, moe.num_experts, h))  # router
+        fwd.add(dev.memory_s(3 * 4 * m_route * moe.num_experts))  # softmax + top-k in fp32
+    if rt.moe_host_sync(st.ep):
+        fwd.sync()  # the per-expert token counts come back to the host (dropless)
+    with graphed(rt.graphed("moe"), fwd, bwd):
+        permute = 2 * ACT_BYTES * 2 * (rows / etp) * h  # gather into expert order and back
+        fwd.add(dev.memory_s(permute), 2)
+        bwd.add(BWD_MEM * dev.memory_s(permute), 2)
+        local = moe.num_experts / st.ep
+        routed = dense(rows / local, moe.expert_intermediate_size, etp, experts=local)
+        if moe.num_shared_experts:
+            dense(m, moe.shared_width, t)
     coll = dev.host_coll_s
     a2a = 0.0
     if st.ep > 1:
         span = spans["ep"]
         share = remote_copies(model, span, rt.ep_dispatcher)
-        sent = ACT_BYTES * m_route * moe.top_k * h * st.ep_imbalance
+        sent = ACT_BYTES * m_route * moe.top_k * h * load
         a2a = 2 * max(net.all_to_all_s(span, sent, remote_share=share), coll)
     tp_gather = 0.0
     if etp > 1:  # expert tensor parallelism: gather routed tokens, scatter results back

@@ -14,6 +14,13 @@ Physical meaning of each term (docs/cost_model.md, "Runtime profiles"):
 * ``expert_gemm``: "per_expert" issues a GEMM (and, under fp8, its input's quantization) per
   local expert, so a rank with many small experts is bound by the host's issue rate;
   "grouped" runs all local experts as one kernel.
+* ``capacity_factor``: None (dropless) makes every MoE layer's forward wait on the host for
+  its per-expert token counts (``moe_host_sync``), so the host's issue time of the kernels
+  after that point is not hidden behind the GPU's; with token dropping the expert inputs are
+  padded to ``capacity_factor`` x the mean and no sync is needed.
+* ``graph_scope``: the parts of a layer captured as CUDA graphs (Megatron's
+  ``--cuda-graph-scope``): their kernels replay from one launch, so the host pays one issue
+  time per graph instead of one per kernel.
 * ``grad_sync``: "step" reduces gradients once per step (after the last micro-batch), holding
   them unsharded in between; "micro_batch" reduces (ZeRO-2: reduce-scatters) after every
   micro-batch and keeps only the shard.
@@ -60,6 +67,25 @@ class Runtime:
     ep_dispatcher: str = "alltoall"
     attention_kernel: str = "flash2"
     expert_gemm: str = "per_expert"
+    capacity_factor: float | None = None  # None: dropless
+    graph_scope: frozenset[str] = frozenset()  # CUDA-graph scopes (Megatron's names)
+
+    def graphed(self, scope: str) -> bool:
+        """Whether the kernels of ``scope`` (attn, mlp, moe_router, moe: the whole MoE block)
+        replay as CUDA graphs. "full_iteration" graphs every scope; the MoE block (``moe``)
+        can be captured only with static shapes, i.e. token dropping."""
+        if scope == "moe" and self.capacity_factor is None:
+            return False
+        return scope in self.graph_scope or "full_iteration" in self.graph_scope
+
+    def moe_host_sync(self, ep: int) -> bool:
+        """Whether a dropless MoE layer's forward makes the host wait for the per-expert token
+        counts: Megatron-Core always (its GroupedLinear and all-to-all take their splits as
+        Python lists), PyTorch stacks when an expert all-to-all needs its split sizes (ep > 1;
+        torch._grouped_mm reads its offsets on the device)."""
+        if self.capacity_factor is not None:
+            return False
+        return self.stack in ("megatron", "megatron-legacy", "deepspeed") or ep > 1
 
     def traffic(self, kind: str) -> float:
         """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
@@ -92,6 +118,8 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         dropout=model.has_dropout, grad_bytes=grad_bytes(plan), ep_dispatcher=prof.ep_dispatcher,
         attention_kernel=str(prof.resolved("attention_kernel")),
         expert_gemm=str(prof.resolved("expert_gemm")),
+        capacity_factor=prof.moe_capacity_factor,
+        graph_scope=frozenset(prof.cuda_graph_scope),
     )
     if options is not None:
         for key, attr in (("flash_attention", "flash_attention"), ("dropout", "dropout"),

@@ -29,7 +29,10 @@ def deepspeed_config(plan: Plan, model: ModelSpec) -> dict:
              "DeepSpeed has no HSDP (ZeRO++ hpZ keeps the full ZeRO-3 partition); valid: unset"),
             (plan.recompute in ("selective", "op"), "plan.recompute", plan.recompute,
              "DeepSpeed recomputes whole layers (gradient_checkpointing_enable); valid: none "
-             "or full")):
+             "or full"),
+            (plan.runtime.moe_capacity_factor is not None and model.moe is not None,
+             "runtime.moe_capacity_factor", plan.runtime.moe_capacity_factor,
+             "the exported AutoEP layers are not given a capacity; valid: unset")):
         if bad:
             raise SpecError(field, value, why)
     notes = []

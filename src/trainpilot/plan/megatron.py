@@ -40,16 +40,24 @@ class MegatronExport:
         out: list[str] = []
         for flag, value in self.flags:
             out.append(flag)
-            if value is not None:
-                out.append(str(value))
+            out.extend(_values(value))
         return out
 
     def text(self) -> str:
         lines = [f"# {note}" for note in self.notes]
         lines += [f"export {k}={v}" for k, v in self.env.items()]
-        lines.append(" \\\n".join(f if v is None else f"{f} {shlex.quote(str(v))}"
-                                  for f, v in self.flags))
+        lines.append(" \\\n".join(" ".join([f] + [shlex.quote(v) for v in _values(value)])
+                                  for f, value in self.flags))
         return "\n".join(lines) + "\n"
+
+
+def _values(value: object) -> list[str]:
+    """A flag's arguments: none, one, or several (an ``nargs='+'`` flag's list)."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
 
 
 def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
@@ -89,11 +97,43 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
     else:
         out.add(f"--{plan.precision}")
     _model_args(out, model)
+    _runtime_args(out, plan, model)
     if (plan.tp > 1 or plan.cp > 1) and plan.zero != 3:
         # validate_args: TP/CP need one hardware queue before Blackwell (compute capability
         # 10); FSDP2 needs more than one, so it is left unset there.
         out.env["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"
     return out
+
+
+def _runtime_args(out: MegatronExport, plan: Plan, model: ModelSpec) -> None:
+    """Token dropping and CUDA graphs (``RuntimeProfile.moe_capacity_factor``,
+    ``cuda_graph_scope``) as Megatron-Core's flags."""
+    rt = plan.runtime
+    if rt.moe_capacity_factor is not None and model.moe is not None:
+        out.add("--moe-expert-capacity-factor", f"{rt.moe_capacity_factor:g}")
+        out.add("--moe-pad-expert-input-to-capacity")  # static shapes, as the cost model has
+    scope = list(rt.cuda_graph_scope)
+    if not scope:
+        return
+    moe_scopes = {"moe", "moe_router", "moe_preprocess"}
+    if model.moe is None and moe_scopes & set(scope):
+        raise SpecError("runtime.cuda_graph_scope", scope,
+                        "the model has no MoE layers; valid: attn, mlp, full_iteration")
+    if model.moe is not None and "mlp" in scope and not model.moe.first_k_dense_layers \
+            and model.moe.layer_freq == 1:
+        raise SpecError("runtime.cuda_graph_scope", scope,
+                        "Megatron graphs mlp in dense layers only and this model has none")
+    if "full_iteration" in scope:
+        if scope != ["full_iteration"]:
+            raise SpecError("runtime.cuda_graph_scope", scope,
+                            "full_iteration already covers every scope; list it alone")
+        out.add("--cuda-graph-impl", "local")  # Megatron-Core's whole-iteration graph
+    else:
+        if plan.recompute == "full":
+            raise SpecError("runtime.cuda_graph_scope", scope, "Megatron graphs fully "
+                            "recomputed layers only in a full_iteration graph")
+        out.add("--cuda-graph-impl", "transformer_engine")
+    out.add("--cuda-graph-scope", scope)
 
 
 def megatron_args(plan: Plan, model: ModelSpec) -> str:

@@ -68,6 +68,9 @@ def torchtitan_config(plan: Plan, model: ModelSpec, *, function: str = "trainpil
         raise SpecError("plan.precision", plan.precision,
                         f"torchtitan {VERSION} trains in bf16 (fp8 needs torchao converters); "
                         "valid: bf16")
+    if plan.runtime.moe_capacity_factor is not None and model.moe is not None:
+        raise SpecError("runtime.moe_capacity_factor", plan.runtime.moe_capacity_factor,
+                        f"torchtitan {VERSION}'s MoE is dropless; valid: unset")
     if model.num_mtp_layers and (plan.pp > 1 or plan.cp > 1):
         raise SpecError("model.num_mtp_layers", model.num_mtp_layers,
                         f"torchtitan {VERSION}'s MTP supports neither pipeline nor context "

@@ -80,6 +80,13 @@ def check_runtime(model: ModelSpec | None, plan: Plan, *, backend: str,
                         "torchtitan runs (trainpilot plan --export torchtitan); this runtime "
                         "recomputes the attention core or whole layers; valid: none, selective, "
                         "full")
+    if plan.runtime.moe_capacity_factor is not None and (model is None or model.moe is not None):
+        raise SpecError("runtime.moe_capacity_factor", plan.runtime.moe_capacity_factor,
+                        "this runtime's MoE layers are dropless; valid: unset")
+    if plan.runtime.cuda_graph_scope:
+        raise SpecError("runtime.cuda_graph_scope", list(plan.runtime.cuda_graph_scope),
+                        "this runtime does not capture CUDA graphs (a Megatron-Core knob, "
+                        "trainpilot plan --export megatron); valid: []")
     if plan.precision in GPU_ONLY_PRECISIONS:
         raise SpecError("plan.precision", plan.precision,
                         GPU_ONLY_PRECISIONS[plan.precision] + "; valid: bf16, fp16")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Literal
 
 import pydantic
-from pydantic import NonNegativeFloat
+from pydantic import NonNegativeFloat, PositiveFloat
 
 from trainpilot.specs.base import Spec
 from trainpilot.specs.errors import SpecError
@@ -68,8 +68,8 @@ class RuntimeProfile(Spec):
     gradients reduced once per step at the last micro-batch (``step``: Megatron, DDP no_sync,
     FSDP2's sync flag) or after every micro-batch (``micro_batch``: DeepSpeed ZeRO-2, FSDP
     without no_sync). ``moe_imbalance``: tokens on the busiest expert rank over the mean (1.0
-    for force-balanced benchmarks). ``ep_dispatcher``, ``attention_kernel``, ``expert_gemm``:
-    see the fields.
+    for force-balanced benchmarks). ``ep_dispatcher``, ``attention_kernel``, ``expert_gemm``,
+    ``moe_capacity_factor``, ``cuda_graph_scope``: see the fields.
     """
 
     stack: Stack = "trainpilot"
@@ -96,6 +96,21 @@ class RuntimeProfile(Spec):
     # over experts) or "grouped" (one grouped-GEMM kernel for all of them: torch._grouped_mm in
     # torchtitan, the grouped_gemm library behind Megatron's legacy GroupedMLP, DeepGEMM).
     expert_gemm: Literal["per_expert", "grouped"] | None = None
+    # Token dropping (``--moe-expert-capacity-factor`` with the expert inputs padded to the
+    # capacity): each expert takes at most ``capacity x`` the mean tokens and computes exactly
+    # that many rows, so every shape is static. None: dropless, where the host must read the
+    # per-expert token counts back from the GPU (a device-to-host sync in every MoE layer's
+    # forward: Megatron-Core's dispatchers, whose GroupedLinear takes its splits as a Python
+    # list; PyTorch stacks when the expert all-to-all needs its split sizes, ep > 1).
+    moe_capacity_factor: PositiveFloat | None = None
+    # Parts of each layer captured as CUDA graphs (Megatron-Core's --cuda-graph-scope with
+    # --cuda-graph-impl transformer_engine or local): "attn" (input norm, attention,
+    # residual), "mlp" (a dense MLP), "moe_router" (pre-MLP norm and router), "moe_preprocess"
+    # (the dispatcher's preprocessing; its device-to-host sync stays), "moe" (the whole MoE
+    # block: token dropping only, dropless shapes are dynamic), "full_iteration" (every
+    # scope). A graph's kernels replay from one launch: no per-kernel host issue time.
+    cuda_graph_scope: tuple[Literal["attn", "mlp", "moe_router", "moe_preprocess", "moe",
+                                    "full_iteration"], ...] = ()
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> RuntimeProfile:
@@ -103,6 +118,19 @@ class RuntimeProfile(Spec):
             raise SpecError("runtime.compile", True,
                             f"torch.compile is a PyTorch-stack choice; stack={self.stack!r} "
                             "fuses its own kernels (valid: stack pytorch or trainpilot)")
+        scope = self.cuda_graph_scope
+        if len(set(scope)) != len(scope):
+            raise SpecError("runtime.cuda_graph_scope", list(scope), "a scope is listed twice")
+        if "moe" in scope and self.moe_capacity_factor is None:
+            raise SpecError("runtime.cuda_graph_scope", list(scope),
+                            "the moe scope needs static shapes: set runtime.moe_capacity_factor "
+                            "(token dropping), or graph moe_router instead")
+        if "moe" in scope and "moe_router" in scope:
+            raise SpecError("runtime.cuda_graph_scope", list(scope),
+                            "moe already covers the router; valid: moe or moe_router")
+        if "moe_preprocess" in scope and "moe_router" not in scope:
+            raise SpecError("runtime.cuda_graph_scope", list(scope),
+                            "moe_preprocess is captured with the router; add moe_router")
         return self
 
     def resolved(self, name: str) -> object:
