@@ -99,7 +99,16 @@ def test_graph_scopes_megatron_refuses_are_refused_in_one_line(runtime, needle):
                 runtime=dict(stack="megatron", **runtime))
     with pytest.raises(SpecError, match=needle) as info:
         validate(Plan, data, doc="plan")
+    assert str(info.value).startswith("plan.runtime.cuda_graph_scope: ")
     assert "\n" not in str(info.value)
+
+
+def test_inline_plans_take_a_scope_list():
+    from trainpilot.specs.loading import parse_inline
+
+    data = parse_inline("dp=8,runtime.cuda_graph_scope=[attn,moe_router],runtime.stack=megatron")
+    assert data == {"dp": 8, "runtime": {"cuda_graph_scope": ["attn", "moe_router"],
+                                         "stack": "megatron"}}
 
 
 def test_the_knobs_reach_megatron_and_other_stacks_refuse_them():

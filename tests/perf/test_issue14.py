@@ -10,7 +10,8 @@ import pytest
 
 from tests.conftest import run_cli
 from trainpilot.perf import predict
-from trainpilot.specs import ClusterSpec, Plan, load_cluster, load_model
+from trainpilot.specs import ClusterSpec, Plan, SpecError, load_cluster, load_model
+from trainpilot.specs.loading import validate
 
 
 def _gpt3():
@@ -263,5 +264,6 @@ def test_12_the_runtime_profile_changes_the_prediction_physically():
     # trainpilot's own runtime is PyTorch FSDP2 eager: predicted as that.
     own = predict(model, cluster, Plan(**base))
     assert own.step_time_s == pytest.approx(eager.step_time_s)
-    with pytest.raises(ValueError, match="runtime.compile"):  # a SpecError inside pydantic's
-        Plan(runtime=dict(stack="megatron", compile=True), **base)
+    with pytest.raises(SpecError, match=r"^plan\.runtime\.compile: ") as info:
+        validate(Plan, dict(runtime=dict(stack="megatron", compile=True), **base), doc="plan")
+    assert "\n" not in str(info.value)

@@ -59,10 +59,26 @@ def _yaml_where(err: Exception) -> str:
     return problem
 
 
+def _inline_items(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets (``a=1,b=[x,y]`` -> two items)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
 def parse_inline(text: str, *, doc: str = "plan") -> dict[str, Any]:
-    """``"tp=8,pp=16,comm.bucket_mb=25"`` -> nested dict; values parsed as YAML scalars."""
+    """``"tp=8,pp=16,comm.bucket_mb=25,runtime.cuda_graph_scope=[attn,moe_router]"`` -> nested
+    dict; values parsed as YAML (scalars, or a bracketed list)."""
     data: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in _inline_items(text):
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise SpecError(doc, item, "inline documents are key=value pairs separated by commas")

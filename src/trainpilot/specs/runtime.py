@@ -115,21 +115,21 @@ class RuntimeProfile(Spec):
     @pydantic.model_validator(mode="after")
     def _check(self) -> RuntimeProfile:
         if self.compile and self.stack not in ("trainpilot", "pytorch"):
-            raise SpecError("runtime.compile", True,
+            raise SpecError("compile", True,
                             f"torch.compile is a PyTorch-stack choice; stack={self.stack!r} "
                             "fuses its own kernels (valid: stack pytorch or trainpilot)")
         scope = self.cuda_graph_scope
         if len(set(scope)) != len(scope):
-            raise SpecError("runtime.cuda_graph_scope", list(scope), "a scope is listed twice")
+            raise SpecError("cuda_graph_scope", list(scope), "a scope is listed twice")
         if "moe" in scope and self.moe_capacity_factor is None:
-            raise SpecError("runtime.cuda_graph_scope", list(scope),
+            raise SpecError("cuda_graph_scope", list(scope),
                             "the moe scope needs static shapes: set runtime.moe_capacity_factor "
                             "(token dropping), or graph moe_router instead")
         if "moe" in scope and "moe_router" in scope:
-            raise SpecError("runtime.cuda_graph_scope", list(scope),
+            raise SpecError("cuda_graph_scope", list(scope),
                             "moe already covers the router; valid: moe or moe_router")
         if "moe_preprocess" in scope and "moe_router" not in scope:
-            raise SpecError("runtime.cuda_graph_scope", list(scope),
+            raise SpecError("cuda_graph_scope", list(scope),
                             "moe_preprocess is captured with the router; add moe_router")
         return self
 
