@@ -48,9 +48,10 @@ class EfficiencyCurve:
     # Transformer Engine / cuDNN fused attention relative to a GEMM of the same FLOPs (None:
     # flash_attention_efficiency, the FlashAttention-2 figure).
     fused_attention_efficiency: float | None = None
-    # Host time per kernel of a particular stack where it was measured (calibrated), e.g. the
-    # Python-heavy 2022 Megatron-DeepSpeed: {"megatron-legacy": 63.2}; other stacks use
-    # host_us_per_kernel.
+    # Host time per kernel of a particular stack where it was measured or calibrated: the
+    # Python-heavy 2022 Megatron-DeepSpeed ({"megatron-legacy": 65.67}, fitted on vTrain),
+    # Megatron-Core with Transformer Engine ({"megatron": 36.5}, TE's measured CPU time per
+    # module call); other stacks use host_us_per_kernel.
     stack_host_us_per_kernel: tuple[tuple[str, float], ...] = ()
     # An FP8 GEMM's achieved share of the FP8 peak over a BF16 GEMM's of the BF16 peak on this
     # device family (None: FP8_GEMM_SHARE, the Hopper figure).
