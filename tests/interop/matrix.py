@@ -56,7 +56,8 @@ def cases() -> list[tuple[str, ModelSpec, Plan]]:
 
 def megatron_runtime_cases() -> list[tuple[str, ModelSpec, Plan]]:
     """Megatron-Core runtime knobs the cost model prices: token dropping with padded expert
-    inputs, CUDA-graph scopes (dropless: attention and router; drop-and-pad: the MoE block)."""
+    inputs, CUDA-graph scopes (dropless: attention and router; drop-and-pad: the MoE block), FP8
+    scaling recipes."""
     return [
         _case("moe-qwen3-dropless-graphs", "qwen3-30b-a3b", dp=8, ep=8, etp=1,
               global_batch_size=16, runtime=dict(stack="megatron", cuda_graph_scope=[
@@ -66,6 +67,11 @@ def megatron_runtime_cases() -> list[tuple[str, ModelSpec, Plan]]:
                                                  cuda_graph_scope=["attn", "moe"])),
         _case("dense-full-iteration-graph", "llama3-8b", tp=2, dp=2, global_batch_size=16,
               runtime=dict(stack="megatron", cuda_graph_scope=["full_iteration"])),
+        _case("dense-fp8-current-scaling", "llama3-8b", tp=2, dp=2, global_batch_size=16,
+              precision="fp8", fp8_recipe="current", runtime=dict(stack="megatron")),
+        # (MoE with FP8 is validated by megatron-core only with Transformer Engine installed.)
+        _case("dense-mxfp8", "llama3-8b", dp=4, global_batch_size=16, precision="fp8",
+              fp8_recipe="mxfp8", runtime=dict(stack="megatron")),
     ]
 
 

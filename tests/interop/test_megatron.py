@@ -61,7 +61,7 @@ _CONFIG = {
     "--mscale": None, "--mscale-all-dim": None,
     "--no-gradient-accumulation-fusion": "gradient_accumulation_fusion",
     "--moe-expert-capacity-factor": None, "--moe-pad-expert-input-to-capacity": None,
-    "--cuda-graph-impl": None, "--cuda-graph-scope": None,
+    "--cuda-graph-impl": None, "--cuda-graph-scope": None, "--fp8-recipe": None,
 }
 # Flags that configure the model constructor, the data-parallel wrapper or the trainer, not
 # TransformerConfig: checked by name (FLAGS) and, for the DDP ones, by its config below.
@@ -169,6 +169,9 @@ def test_megatron_core_accepts_the_export(name, model, plan):
     if rt.cuda_graph_scope:
         assert config.cuda_graph_impl != "none"
         assert {s.name for s in config.cuda_graph_scope} == set(rt.cuda_graph_scope)
+    if plan.precision == "fp8":
+        assert config.fp8_recipe == {"current": "tensorwise"}.get(plan.fp8_recipe,
+                                                                   plan.fp8_recipe)
     assert ("--untie-embeddings-and-output-weights" in by_flag) != model.tie_word_embeddings
 
 

@@ -124,3 +124,28 @@ def test_the_knobs_reach_megatron_and_other_stacks_refuse_them():
     assert "--cuda-graph-scope attn moe" in megatron_export(plan, model).text()
     with pytest.raises(SpecError, match="dropless"):
         check_runtime(model, plan, backend="fake")
+
+
+def test_current_scaling_pays_its_amax_pass():
+    """Transformer Engine's current scaling (Float8CurrentScalingQuantizer::quantize_impl) runs
+    an amax kernel over the input, a scale kernel and the cast: 3 kernels and 6 bytes per element
+    where delayed scaling's fused cast is 1 and 4; MXFP8 computes block scales in the cast."""
+    from trainpilot.perf.hardware import FP8_CAST
+
+    assert FP8_CAST["current"] == (6.0, 3) and FP8_CAST["delayed"] == (4.0, 1)
+    assert FP8_CAST["mxfp8"][1] == 1 and FP8_CAST["mxfp8"][0] < 4.1
+
+    def step(recipe: str, model: str = "qwen3-30b-a3b") -> float:
+        plan = Plan(dp=16, ep=16, etp=1, global_batch_size=64, seq_len=4096, precision="fp8",
+                    fp8_recipe=recipe, runtime=dict(stack="megatron", moe_imbalance=1.0))
+        return predict(load_model(model), load_cluster("h100-sxm-x16"), plan).step_time_s
+
+    assert step("current") > 1.05 * step("delayed")  # 8 local experts' casts, after the sync
+    assert step("mxfp8") == pytest.approx(step("delayed"), rel=0.01)
+    with pytest.raises(SpecError, match="fp8_recipe") as info:
+        validate(Plan, dict(dp=8, global_batch_size=8, seq_len=4096, fp8_recipe="current"),
+                 doc="plan")
+    assert str(info.value).startswith("plan.fp8_recipe: ") and "\n" not in str(info.value)
+    plan = Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", fp8_recipe="current")
+    assert dict(megatron_export(plan, load_model("llama3-8b")).flags)["--fp8-recipe"] == \
+        "tensorwise"

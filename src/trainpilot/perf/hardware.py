@@ -265,6 +265,15 @@ def fp8_gemm_share(curve: EfficiencyCurve) -> float:
 # writes the row-wise and the column-wise (transposed, for the other GEMMs of the backward)
 # 8-bit copies, 2 + 1 + 1. Weights are cast once per step (TE's FP8 weight cache): not charged.
 FP8_CAST_BYTES = 4.0
+# Per scaling recipe (Plan.fp8_recipe): (HBM bytes per element, kernels) of one quantization,
+# counted from Transformer Engine's quantizers (transformer_engine/pytorch/csrc/quantizer.cpp):
+# delayed scaling casts with the scale of past steps' amax (one fused cast-transpose, the amax
+# recorded on the way); current scaling (Float8CurrentScalingQuantizer::quantize_impl) runs
+# nvte_compute_amax (a full read of the 16-bit input), nvte_compute_scale_from_amax and the cast:
+# 2 more bytes, 3 kernels; MXFP8 and blockwise scaling compute each block's scale inside the
+# cast, writing one 8-bit scale per 32 (MX) or 128 (blockwise) elements with each copy.
+FP8_CAST = {"delayed": (FP8_CAST_BYTES, 1), "current": (FP8_CAST_BYTES + 2.0, 3),
+            "mxfp8": (FP8_CAST_BYTES + 2.0 / 32, 1), "blockwise": (FP8_CAST_BYTES + 2.0 / 128, 1)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,9 +324,15 @@ class Device:
         traffic = (operand * (m * k + k * n) + 2.0 * m * n) * batch / self.hbm_bytes_per_s
         return compute if compute > traffic else traffic
 
-    def fp8_cast_s(self, elements: float) -> float:
-        """Seconds to quantize ``elements`` of a GEMM input to FP8 (0 without FP8)."""
-        return FP8_CAST_BYTES * elements / self.hbm_bytes_per_s if self.fp8 else 0.0
+    def fp8_cast_s(self, elements: float, recipe: str = "delayed") -> float:
+        """Seconds to quantize ``elements`` of a GEMM input to FP8 under ``recipe`` (0 without
+        FP8; ``FP8_CAST``)."""
+        return FP8_CAST[recipe][0] * elements / self.hbm_bytes_per_s if self.fp8 else 0.0
+
+    @staticmethod
+    def fp8_cast_kernels(recipe: str = "delayed") -> int:
+        """Kernels one quantization under ``recipe`` issues (``FP8_CAST``)."""
+        return FP8_CAST[recipe][1]
 
     def attention_s(self, flops: float, kernel: str = "flash2") -> float:
         """Seconds for a fused attention kernel (``kernel``: flash1, flash2 or fused) doing

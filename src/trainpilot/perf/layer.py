@@ -307,8 +307,9 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
             fwd.add_gemm(dev.gemm_s(m, n, k, linear=True))
             bwd.add_gemm(dev.gemm_s(m, n, k, linear=True), backward=True)
             if dev.fp8:  # quantize the input (forward) and the output's gradient (backward)
-                fwd.add(dev.fp8_cast_s(m * k))
-                bwd.add(dev.fp8_cast_s(m * n))
+                casts = dev.fp8_cast_kernels(rt.fp8_recipe)
+                fwd.add(dev.fp8_cast_s(m * k, rt.fp8_recipe), casts)
+                bwd.add(dev.fp8_cast_s(m * n, rt.fp8_recipe), casts)
 
         # Attention core (sliding windows: fewer keys per query, ``window_factor``).
         if st.flash_attention:

@@ -91,8 +91,10 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         bwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), backward=True,
                      launches=n)
         if dev.fp8:  # quantize each GEMM's input (forward) and output gradient (backward)
-            fwd.add(dev.fp8_cast_s(experts * rows * (h + width / tp)), 2 * n)
-            bwd.add(dev.fp8_cast_s(experts * rows * (gate * width / tp + h)), 2 * n)
+            casts = 2 * n * dev.fp8_cast_kernels(rt.fp8_recipe)
+            fwd.add(dev.fp8_cast_s(experts * rows * (h + width / tp), rt.fp8_recipe), casts)
+            bwd.add(dev.fp8_cast_s(experts * rows * (gate * width / tp + h), rt.fp8_recipe),
+                    casts)
         return gemms
 
     if not moe_layer:

@@ -68,6 +68,7 @@ class Runtime:
     attention_kernel: str = "flash2"
     expert_gemm: str = "per_expert"
     capacity_factor: float | None = None  # None: dropless
+    fp8_recipe: str = "delayed"  # Plan.fp8_recipe: how FP8 GEMM inputs are scaled
     graph_scope: frozenset[str] = frozenset()  # CUDA-graph scopes (Megatron's names)
 
     def graphed(self, scope: str) -> bool:
@@ -118,7 +119,7 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         dropout=model.has_dropout, grad_bytes=grad_bytes(plan), ep_dispatcher=prof.ep_dispatcher,
         attention_kernel=str(prof.resolved("attention_kernel")),
         expert_gemm=str(prof.resolved("expert_gemm")),
-        capacity_factor=prof.moe_capacity_factor,
+        capacity_factor=prof.moe_capacity_factor, fp8_recipe=plan.fp8_recipe,
         graph_scope=frozenset(prof.cuda_graph_scope),
     )
     if options is not None:

@@ -94,6 +94,9 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
     if plan.precision == "fp8":
         out.add("--bf16")
         out.add("--fp8-format", "hybrid")
+        if plan.fp8_recipe != "delayed":  # Megatron's default recipe is delayed scaling
+            out.add("--fp8-recipe", {"current": "tensorwise"}.get(plan.fp8_recipe,
+                                                                  plan.fp8_recipe))
     else:
         out.add(f"--{plan.precision}")
     _model_args(out, model)

@@ -81,6 +81,12 @@ class Plan(Spec):
     recompute: Recompute = "none"
     sequence_parallel: bool = False
     precision: Precision = "bf16"
+    # How FP8 GEMM inputs are scaled (precision fp8; Megatron's --fp8-recipe, Transformer
+    # Engine's recipes): "delayed" (the scale from past steps' amax history: one fused cast),
+    # "current" (per-tensor current scaling, Megatron's "tensorwise": an amax pass, a scale
+    # kernel and the cast), "mxfp8" (Blackwell's MX block scaling) and "blockwise" (DeepSeek-V3's
+    # 1 x 128 / 128 x 128 blocks): one fused cast each.
+    fp8_recipe: Literal["delayed", "current", "mxfp8", "blockwise"] = "delayed"
     pp_schedule: PpSchedule | None = None
     # Uneven pipelines: layers on the first / last stage (Megatron's
     # --decoder-first/last-pipeline-num-layers); the rest split evenly.
@@ -105,6 +111,10 @@ class Plan(Spec):
             )
         if self.vp > 1 and self.pp == 1:
             raise SpecError("vp", self.vp, "needs pp > 1; valid: vp=1 when pp=1")
+        if self.fp8_recipe != "delayed" and self.precision != "fp8":
+            raise SpecError("fp8_recipe", self.fp8_recipe,
+                            f"scales FP8 GEMM inputs; precision is {self.precision} (valid: "
+                            "precision fp8, or leave fp8_recipe unset)")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("sequence_parallel", True, "needs tp > 1; valid: false when tp=1")
         if self.etp is None and (self.dp * self.cp) % self.ep:
