@@ -93,6 +93,8 @@ def test_a_gpu_bound_dense_model_ignores_the_host_time():
     (dict(moe_capacity_factor=1.0, cuda_graph_scope=["moe", "moe_router"]), "moe or moe_router"),
     (dict(cuda_graph_scope=["moe_preprocess"]), "add moe_router"),
     (dict(cuda_graph_scope=["attn", "attn"]), "twice"),
+    (dict(moe_capacity_factor=1.0, cuda_graph_scope=["moe_router", "moe_preprocess"]),
+     "drop moe_preprocess"),
 ])
 def test_graph_scopes_megatron_refuses_are_refused_in_one_line(runtime, needle):
     data = dict(dp=8, ep=8, global_batch_size=8, seq_len=4096,

@@ -131,6 +131,11 @@ class RuntimeProfile(Spec):
         if "moe_preprocess" in scope and "moe_router" not in scope:
             raise SpecError("cuda_graph_scope", list(scope),
                             "moe_preprocess is captured with the router; add moe_router")
+        if ("moe_preprocess" in scope and self.moe_capacity_factor is not None
+                and self.ep_dispatcher == "alltoall"):
+            raise SpecError("cuda_graph_scope", list(scope),
+                            "the all-to-all dispatcher's preprocessing syncs the host under "
+                            "token dropping, so Megatron cannot capture it; drop moe_preprocess")
         return self
 
     def resolved(self, name: str) -> object:
