@@ -134,3 +134,36 @@ def test_write_error_policy_warn_keeps_training(tmp_path):
     ckpt.save(2, {"w": torch.ones(2)}).result()  # does not raise step 1's error
     assert [e.step for e in ckpt.errors] == [1]
     ckpt.close()
+
+
+@pytest.mark.parametrize("stale", [True, False])
+def test_a_failed_save_deletes_its_own_folder_only(tmp_path, monkeypatch, stale):
+    """A save abandoned with its process group (an in-process restart rebinds the
+    checkpointer) fails later, while the new timeline writes its own folder: its cleanup must
+    not delete that folder (a multi-node CI run lost step 9's data files this way). A current
+    save's failure deletes its own torn folder and nothing else."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    ckpt = Checkpointer(CheckpointConfig(root_dir=tmp_path / "ckpt"))
+    ckpt.save(1, {"w": torch.ones(2)}).result()
+    live = tmp_path / "ckpt" / "step_0000000005"  # the new timeline's save, mid-write
+
+    def failing_save(state, *, storage_writer, **kw):
+        (tmp_path / "ckpt" / storage_writer.name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ckpt" / storage_writer.name / "data_r0_0.bin").write_bytes(b"x")
+        live.mkdir(parents=True, exist_ok=True)
+        (live / "data_r0_0.bin").write_bytes(b"new timeline")
+        if stale:
+            ckpt._generation += 1  # what rebind does when the group is replaced
+        raise CheckpointException("peer gone", {0: RuntimeError("Timed out")})
+
+    monkeypatch.setattr(dcp, "save", failing_save)
+    with pytest.raises(CheckpointWriteError):
+        ckpt.save(2, {"w": torch.ones(2)}).result()
+    monkeypatch.undo()
+    ckpt.close()
+    assert (live / "data_r0_0.bin").read_bytes() == b"new timeline"  # never touched
+    own = tmp_path / "ckpt" / "step_0000000002"
+    assert own.exists() == stale  # a current failure cleans up after itself
+    assert [s for s, _ in committed(tmp_path / "ckpt")] == [1]

@@ -348,8 +348,12 @@ class Checkpointer:
                 dcp.save(state, storage_writer=writer, process_group=group.pg,
                          no_dist=group.pg is None)
         except CheckpointException as err:
-            if group.rank == 0:
-                layout.remove_uncommitted(self.root)  # the torn folder is garbage
+            # This save's torn folder is garbage; nothing else is ours to delete. A save
+            # abandoned with its group (``rebind``) fails long after a newer timeline started
+            # writing its own folders: it leaves the disk alone (the next save's planning
+            # clears torn folders).
+            if group.rank == 0 and bound.generation == self._generation:
+                layout.remove_torn(self.root, writer.name)
             failures = {r: (e[0] if isinstance(e, tuple) else e) for r, e in err.failures.items()}
             raise CheckpointWriteError(snap.step, failures) from None
         self._check_current(snap, bound)  # committed on the old group: keep nothing of it

@@ -175,6 +175,18 @@ def remove_uncommitted(root: Path) -> list[str]:
     return [n for n in torn if n not in needed]
 
 
+def remove_torn(root: Path, name: str) -> bool:
+    """Delete the folder ``name`` if it is torn (no manifest) and no committed checkpoint
+    references its files; True if it was deleted."""
+    path = root / name
+    if not path.is_dir() or (path / MANIFEST).exists():
+        return False
+    if name in set().union(*(referenced_dirs(root, n) for _, n in committed(root))):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 def _remove_checkpoint(path: Path) -> None:
     # Manifest first: a crash half-way through leaves an uncommitted folder, never a torn
     # checkpoint that still claims to be complete.
