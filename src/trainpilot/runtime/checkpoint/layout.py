@@ -168,7 +168,7 @@ def remove_uncommitted(root: Path) -> list[str]:
     torn = [name for _, name in step_dirs(root) if not (root / name / MANIFEST).exists()]
     if not torn:
         return []
-    needed = set().union(*(referenced_dirs(root, n) for _, n in committed(root)))
+    needed = _committed_needs(root)
     for name in torn:
         if name not in needed:
             shutil.rmtree(root / name, ignore_errors=True)
@@ -179,12 +179,15 @@ def remove_torn(root: Path, name: str) -> bool:
     """Delete the folder ``name`` if it is torn (no manifest) and no committed checkpoint
     references its files; True if it was deleted."""
     path = root / name
-    if not path.is_dir() or (path / MANIFEST).exists():
-        return False
-    if name in set().union(*(referenced_dirs(root, n) for _, n in committed(root))):
+    if not path.is_dir() or (path / MANIFEST).exists() or name in _committed_needs(root):
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True
+
+
+def _committed_needs(root: Path) -> set[str]:
+    """Folders whose files some committed checkpoint needs."""
+    return set().union(*(referenced_dirs(root, n) for _, n in committed(root)))
 
 
 def _remove_checkpoint(path: Path) -> None:
