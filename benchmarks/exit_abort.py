@@ -50,6 +50,7 @@ def worker(rank: int, port: int, how: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=30))
     if rank == 1:
+        store.set("connected", "1")
         store.wait(["leaving"])
         try:
             for _ in range(NUM_OPS):
@@ -57,6 +58,10 @@ def worker(rank: int, port: int, how: str) -> None:
         except RuntimeError:
             pass  # rank 0 left with end_process: its half of the collectives went with it
         os._exit(0)
+    # Rank 1 may still be finishing gloo's full-mesh connect when rank 0's init returns; a
+    # rank 0 gone by then fails rank 1's init ("Connection closed by peer": a CI run), which is
+    # not the hazard measured here.
+    store.wait(["connected"])
     tensors = [torch.ones(1 << 14) for _ in range(NUM_OPS)]
     for t in tensors:
         dist.all_reduce(t, async_op=True)
