@@ -118,10 +118,10 @@ CALIBRATED_CURVES = ("a100", "h100")
 # validate; docs/cost_model.md, "Validation"): kept in step with the committed results.
 HELD_OUT_NOTES = {
     "fsdp": "PyTorch FSDP stacks: the held-out llm-foundry, torchtitan, KempnerForge and "
-            "fms-fsdp rows (269) err 17.7% on average, predicted 16.9% faster than measured "
+            "fms-fsdp rows (269) err 13.9% on average, predicted 10.4% faster than measured "
             "(this model is optimistic there)",
-    "moe": "MoE: the held-out MoE rows (97) err 33.5% on average and 88 of them are optimistic "
-           "(fine-grained MoE at small micro-batches up to 3x: host-bound costs not modelled)",
+    "moe": "MoE: the held-out MoE rows (97) err 23.0% on average and 85 of them are optimistic "
+           "(GPT-OSS on Megatron-Core about 1.5x)",
     "cp": "context parallelism is checked on few rows (Qwen3 long context CP 2-8 within 10%; "
           "Llama 3 405B at 131K tokens 27% pessimistic)",
 }
