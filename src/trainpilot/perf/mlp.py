@@ -115,10 +115,16 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
     if rt.moe_host_sync(st.ep):
         fwd.sync()  # the per-expert token counts come back to the host (dropless)
     with graphed(rt.graphed("moe"), fwd, bwd):
-        permute = 2 * ACT_BYTES * 2 * (rows / etp) * h  # gather into expert order and back
-        fwd.add(dev.memory_s(permute), 2)
-        bwd.add(BWD_MEM * dev.memory_s(permute), 2)
         local = moe.num_experts / st.ep
+        # Gather the token copies into expert order and scatter them back: one pass over
+        # ``rows x h`` each way; an all-to-all dispatcher with several local experts sorts the
+        # received chunks by local expert and unsorts them before the return all-to-all, two
+        # passes more (Megatron-Core's "Permutation 2" / sort_chunks_by_idxs; DeepEP's
+        # dispatch lands tokens grouped by rank, and one permute groups them by expert).
+        passes = 4 if st.ep > 1 and local > 1 and rt.ep_dispatcher == "alltoall" else 2
+        permute = passes * ACT_BYTES * 2 * (rows / etp) * h
+        fwd.add(dev.memory_s(permute), passes)
+        bwd.add(BWD_MEM * dev.memory_s(permute), passes)
         routed = dense(rows / local, moe.expert_intermediate_size, etp, experts=local)
         if moe.num_shared_experts:
             dense(m, moe.shared_width, t)
