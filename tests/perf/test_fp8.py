@@ -40,3 +40,35 @@ def test_attention_and_other_gemms_stay_16_bit_and_linear_gemms_pay_their_casts(
     assert bf16.fp8_cast_s(1e9) == 0.0
     # MFU is still quoted against the precision's datasheet peak.
     assert (fp8.nominal_flops, bf16.nominal_flops) == (1979e12, 989e12)
+
+
+def _dense_layer(stack: str, recipe: str):
+    """One Llama 3 8B layer under FP8 on an H100, as the cost model prices it."""
+    from trainpilot.perf.estimator import Estimator, layout_of
+
+    model = load_model("llama3-8b")
+    plan = Plan(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=8192, precision="fp8",
+                fp8_recipe=recipe, runtime=dict(stack=stack))
+    est = Estimator(model, load_cluster("h100-sxm-x8"))
+    lay = layout_of(model, plan, est.options)
+    return est.layer(lay, False, est.spans(lay))
+
+
+def test_te_norms_carry_the_amax_of_their_output_under_current_scaling():
+    """Transformer Engine's LayerNormLinear computes the norm output's amax inside the norm
+    kernel under current scaling (FUSED_NORM_AMAX_FP8), so the QKV and FC1 inputs skip the
+    separate amax pass (2 bytes per element, one kernel) that the attention output and the
+    activation, the other two GEMM inputs, still pay."""
+    model = load_model("llama3-8b")
+    h, ffn = model.hidden_size, model.ffn_size
+
+    def extra(stack: str) -> tuple[float, int]:
+        cur, delayed = _dense_layer(stack, "current"), _dense_layer(stack, "delayed")
+        return cur.fwd_compute_s - delayed.fwd_compute_s, cur.num_kernels - delayed.num_kernels
+
+    te_s, te_k = extra("megatron")
+    plain_s, plain_k = extra("pytorch")  # negative control: norms without the amax
+    assert te_s > 0  # the attention output and the activation still pay their amax pass
+    # All four inputs (h, h, h, ffn elements per row) against the two that are not norm-fed.
+    assert plain_s / te_s == pytest.approx((3 * h + ffn) / (h + ffn), rel=1e-6)
+    assert plain_k - te_k == 2

@@ -274,6 +274,14 @@ FP8_CAST_BYTES = 4.0
 # cast, writing one 8-bit scale per 32 (MX) or 128 (blockwise) elements with each copy.
 FP8_CAST = {"delayed": (FP8_CAST_BYTES, 1), "current": (FP8_CAST_BYTES + 2.0, 3),
             "mxfp8": (FP8_CAST_BYTES + 2.0 / 32, 1), "blockwise": (FP8_CAST_BYTES + 2.0 / 128, 1)}
+# A GEMM input that a Transformer Engine norm produces (LayerNormLinear: QKV, FC1) under current
+# scaling: the norm kernel computes its output's amax on the way (normalization.cpp,
+# FUSED_NORM_AMAX_FP8, TE 2.x), so quantize_with_amax runs only the scale and the cast.
+FP8_CAST_NORM_FED = {"current": (FP8_CAST_BYTES, 2)}
+
+
+def _fp8_cast(recipe: str, norm_fed: bool) -> tuple[float, int]:
+    return FP8_CAST_NORM_FED.get(recipe, FP8_CAST[recipe]) if norm_fed else FP8_CAST[recipe]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -324,15 +332,19 @@ class Device:
         traffic = (operand * (m * k + k * n) + 2.0 * m * n) * batch / self.hbm_bytes_per_s
         return compute if compute > traffic else traffic
 
-    def fp8_cast_s(self, elements: float, recipe: str = "delayed") -> float:
+    def fp8_cast_s(self, elements: float, recipe: str = "delayed", *,
+                   norm_fed: bool = False) -> float:
         """Seconds to quantize ``elements`` of a GEMM input to FP8 under ``recipe`` (0 without
-        FP8; ``FP8_CAST``)."""
-        return FP8_CAST[recipe][0] * elements / self.hbm_bytes_per_s if self.fp8 else 0.0
+        FP8; ``FP8_CAST``); ``norm_fed``: the input comes from a norm that computed its amax
+        (``FP8_CAST_NORM_FED``)."""
+        if not self.fp8:
+            return 0.0
+        return _fp8_cast(recipe, norm_fed)[0] * elements / self.hbm_bytes_per_s
 
     @staticmethod
-    def fp8_cast_kernels(recipe: str = "delayed") -> int:
+    def fp8_cast_kernels(recipe: str = "delayed", *, norm_fed: bool = False) -> int:
         """Kernels one quantization under ``recipe`` issues (``FP8_CAST``)."""
-        return FP8_CAST[recipe][1]
+        return _fp8_cast(recipe, norm_fed)[1]
 
     def attention_s(self, flops: float, kernel: str = "flash2") -> float:
         """Seconds for a fused attention kernel (``kernel``: flash1, flash2 or fused) doing

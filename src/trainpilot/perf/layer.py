@@ -303,12 +303,16 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
     core = Ops(host)
     core.graphed = rt.graphed("attn")  # replayed inside the attention block's graph
     with graphed(rt.graphed("attn"), fwd, bwd):
-        for n, k in _attention_gemms(model, t):
+        for i, (n, k) in enumerate(_attention_gemms(model, t)):
             fwd.add_gemm(dev.gemm_s(m, n, k, linear=True))
             bwd.add_gemm(dev.gemm_s(m, n, k, linear=True), backward=True)
             if dev.fp8:  # quantize the input (forward) and the output's gradient (backward)
+                # The QKV projection's input is the norm's output (TE's LayerNormLinear; MLA's
+                # down-projections follow a separate norm module).
+                fed = i == 0 and model.mla is None and rt.norm_amax_fused
+                fwd.add(dev.fp8_cast_s(m * k, rt.fp8_recipe, norm_fed=fed),
+                        dev.fp8_cast_kernels(rt.fp8_recipe, norm_fed=fed))
                 casts = dev.fp8_cast_kernels(rt.fp8_recipe)
-                fwd.add(dev.fp8_cast_s(m * k, rt.fp8_recipe), casts)
                 bwd.add(dev.fp8_cast_s(m * n, rt.fp8_recipe), casts)
 
         # Attention core (sliding windows: fewer keys per query, ``window_factor``).

@@ -74,8 +74,10 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
     act_kind = "swiglu" if gate == 2 else "gelu"
     act_bytes_per = ACT_BYTES * (3 if gate == 2 else 2)  # read (2 inputs if gated), write
 
-    def dense(rows: float, width: float, tp: int, experts: float = 1.0) -> float:
-        """Add an MLP's kernels; return its forward GEMM seconds."""
+    def dense(rows: float, width: float, tp: int, experts: float = 1.0,
+              norm_fed: bool = False) -> float:
+        """Add an MLP's kernels; return its forward GEMM seconds. ``norm_fed``: FC1's input
+        is a norm's output that carries its amax (a dense MLP under Transformer Engine)."""
         # One launch per GEMM (and per fp8 cast), or per local expert when the stack runs a
         # rank's experts one by one (runtime.expert_gemm; perf/runtime.py).
         n = max(1, round(experts)) if rt.expert_gemm == "per_expert" else 1
@@ -92,14 +94,17 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
                      launches=n)
         if dev.fp8:  # quantize each GEMM's input (forward) and output gradient (backward)
             casts = 2 * n * dev.fp8_cast_kernels(rt.fp8_recipe)
-            fwd.add(dev.fp8_cast_s(experts * rows * (h + width / tp), rt.fp8_recipe), casts)
+            fwd.add(dev.fp8_cast_s(experts * rows * h, rt.fp8_recipe, norm_fed=norm_fed)
+                    + dev.fp8_cast_s(experts * rows * width / tp, rt.fp8_recipe),
+                    n * (dev.fp8_cast_kernels(rt.fp8_recipe, norm_fed=norm_fed)
+                         + dev.fp8_cast_kernels(rt.fp8_recipe)))
             bwd.add(dev.fp8_cast_s(experts * rows * (gate * width / tp + h), rt.fp8_recipe),
                     casts)
         return gemms
 
     if not moe_layer:
         with graphed(rt.graphed("mlp"), fwd, bwd):
-            dense(m, model.ffn_size, st.tp)
+            dense(m, model.ffn_size, st.tp, norm_fed=rt.norm_amax_fused)
         return MlpComm(0.0, 0.0)
     moe = model.moe
     assert moe is not None

@@ -88,6 +88,13 @@ class Runtime:
             return False
         return self.stack in ("megatron", "megatron-legacy", "deepspeed") or ep > 1
 
+    @property
+    def norm_amax_fused(self) -> bool:
+        """Whether a norm that feeds an FP8 GEMM (Transformer Engine's LayerNormLinear: the
+        attention's QKV, a dense MLP's FC1) computes its output's amax for current scaling
+        (Megatron-Core's Transformer Engine layers; ``perf.hardware.FP8_CAST_NORM_FED``)."""
+        return self.stack == "megatron"
+
     def traffic(self, kind: str) -> float:
         """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
         return 1.0 if self.fused else UNFUSED_TRAFFIC[kind]
