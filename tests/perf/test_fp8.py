@@ -72,3 +72,27 @@ def test_te_norms_carry_the_amax_of_their_output_under_current_scaling():
     # All four inputs (h, h, h, ffn elements per row) against the two that are not norm-fed.
     assert plain_s / te_s == pytest.approx((3 * h + ffn) / (h + ffn), rel=1e-6)
     assert plain_k - te_k == 2
+
+
+def test_grouped_linear_casts_all_experts_at_once_only_under_delayed_scaling():
+    """Transformer Engine's GroupedLinear quantizes its experts' inputs with split_quantize:
+    one multi-tensor cast-transpose for every local expert under delayed scaling, one
+    quantization per expert otherwise (cast.cpp, multi_tensor_quantize_impl)."""
+    from trainpilot.perf.estimator import Estimator, layout_of
+
+    def moe_kernels(recipe: str, ep: int) -> int:
+        model = load_model("qwen3-30b-a3b")  # 128 experts: 16 per rank at EP 8, 128 at EP 1
+        plan = Plan(dp=8, ep=ep, etp=1, micro_batch_size=1, global_batch_size=8, seq_len=4096,
+                    precision="fp8", fp8_recipe=recipe,
+                    runtime=dict(stack="megatron", moe_imbalance=1.0))
+        est = Estimator(model, load_cluster("h100-sxm-x8"))
+        lay = layout_of(model, plan, est.options)
+        return est.layer(lay, True, est.spans(lay)).num_kernels
+
+    # Per input (two forward, two backward): one kernel under delayed scaling whatever the
+    # local experts, three per local expert under current scaling. The difference between
+    # the recipes, taken at 128 and at 16 local experts, leaves the expert casts alone (the
+    # attention's casts and the permutation cancel): 4 inputs x 3 kernels x 112 experts. Had
+    # delayed scaling cast per expert too, it would be 4 x (3 - 1) x 112.
+    gap = {ep: moe_kernels("current", ep) - moe_kernels("delayed", ep) for ep in (1, 8)}
+    assert gap[1] - gap[8] == 4 * 3 * (128 - 16)
