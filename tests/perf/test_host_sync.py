@@ -48,9 +48,11 @@ def test_a_cuda_graph_is_one_launch():
 
 
 def _qwen3_b200(mbs: int = 1, **runtime) -> float:
-    """Step time of Qwen3-30B-A3B on 8 B200 (EP 8, 16 local experts each), Megatron-Core."""
+    """Step time of Qwen3-30B-A3B on 8 B200 (EP 8, 16 local experts each), Megatron-Core,
+    MXFP8 as Megatron-Bridge's B200 recipes run it (one quantization per local expert)."""
     plan = Plan(dp=8, ep=8, etp=1, micro_batch_size=mbs, global_batch_size=64, seq_len=4096,
-                precision="fp8", runtime=dict(stack="megatron", moe_imbalance=1.0, **runtime))
+                precision="fp8", fp8_recipe="mxfp8",
+                runtime=dict(stack="megatron", moe_imbalance=1.0, **runtime))
     return predict(load_model("qwen3-30b-a3b"), load_cluster("b200-x8"), plan).step_time_s
 
 
@@ -143,7 +145,9 @@ def test_current_scaling_pays_its_amax_pass():
         return predict(load_model(model), load_cluster("h100-sxm-x16"), plan).step_time_s
 
     assert step("current") > 1.05 * step("delayed")  # 8 local experts' casts, after the sync
-    assert step("mxfp8") == pytest.approx(step("delayed"), rel=0.01)
+    # MXFP8 quantizes per expert (one kernel each, block scales inside the cast), delayed
+    # scaling once for all of them (GroupedLinear's multi-tensor cast): in between.
+    assert step("delayed") < step("mxfp8") < step("current")
     with pytest.raises(SpecError, match="fp8_recipe") as info:
         validate(Plan, dict(dp=8, global_batch_size=8, seq_len=4096, fp8_recipe="current"),
                  doc="plan")

@@ -130,15 +130,17 @@ def test_5_the_search_does_not_shrink_deepseek_v3_to_ep8():
 
 def test_5_experts_run_one_by_one_are_issued_one_by_one():
     # Megatron-Core's TEGroupedMLP runs Transformer Engine's GroupedLinear: one GEMM and, under
-    # fp8, one input quantization per local expert. 128 experts over EP 8: 16 per rank, each
-    # of the layer's 2 forward GEMMs (+ 2 casts) and 4 backward GEMMs (+ 2 casts) issued 16
-    # times where one grouped kernel (torch._grouped_mm) is issued once.
+    # MXFP8 (Megatron-Bridge's B200 recipes), one input quantization per local expert. 128
+    # experts over EP 8: 16 per rank, each of the layer's 2 forward GEMMs (+ 2 casts) and 4
+    # backward GEMMs (+ 2 casts) issued 16 times where one grouped kernel
+    # (torch._grouped_mm) is issued once. (Under delayed scaling GroupedLinear casts all
+    # experts in one multi-tensor kernel: tests/perf/test_fp8.py.)
     from trainpilot.perf.estimator import Estimator
     from trainpilot.perf.stages import layout_of
 
     model, cluster = load_model("qwen3-30b-a3b"), load_cluster("b200-x8")
     base = dict(dp=8, ep=8, etp=1, zero=1, micro_batch_size=1, global_batch_size=512,
-                seq_len=4096, precision="fp8")
+                seq_len=4096, precision="fp8", fp8_recipe="mxfp8")
     costs = {}
     for gemm in ("per_expert", "grouped"):
         plan = Plan(runtime=dict(stack="megatron", expert_gemm=gemm), **base)
