@@ -93,11 +93,9 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         bwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), backward=True,
                      launches=n)
         if dev.fp8:  # quantize each GEMM's input (forward) and output gradient (backward)
-            # Per-expert inputs are quantized one expert at a time, except under delayed
-            # scaling in Transformer Engine's GroupedLinear, whose split_quantize casts every
-            # expert's slice in one multi-tensor cast-transpose (cast.cpp,
-            # multi_tensor_quantize_impl: the fused kernel exists for delayed scaling only).
-            q = 1 if rt.fp8_recipe == "delayed" and rt.stack == "megatron" else n
+            # Per-expert inputs are quantized one expert at a time unless the stack casts
+            # every expert's slice in one kernel (Runtime.grouped_cast_fused).
+            q = 1 if rt.grouped_cast_fused else n
             casts = 2 * q * dev.fp8_cast_kernels(rt.fp8_recipe)
             fwd.add(dev.fp8_cast_s(experts * rows * h, rt.fp8_recipe, norm_fed=norm_fed)
                     + dev.fp8_cast_s(experts * rows * width / tp, rt.fp8_recipe),

@@ -95,6 +95,13 @@ class Runtime:
         (Megatron-Core's Transformer Engine layers; ``perf.hardware.FP8_CAST_NORM_FED``)."""
         return self.stack == "megatron"
 
+    @property
+    def grouped_cast_fused(self) -> bool:
+        """Whether a rank's per-expert FP8 inputs are quantized in one kernel for all local
+        experts: Transformer Engine's GroupedLinear (``split_quantize``) has a multi-tensor
+        cast-transpose for delayed scaling only; other recipes and stacks quantize per expert."""
+        return self.stack == "megatron" and self.fp8_recipe == "delayed"
+
     def traffic(self, kind: str) -> float:
         """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
         return 1.0 if self.fused else UNFUSED_TRAFFIC[kind]
