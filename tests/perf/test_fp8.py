@@ -67,7 +67,7 @@ def test_te_norms_carry_the_amax_of_their_output_under_current_scaling():
         return cur.fwd_compute_s - delayed.fwd_compute_s, cur.num_kernels - delayed.num_kernels
 
     te_s, te_k = extra("megatron")
-    plain_s, plain_k = extra("pytorch")  # negative control: norms without the amax
+    plain_s, plain_k = extra("deepspeed")  # negative control: norms without the amax
     assert te_s > 0  # the attention output and the activation still pay their amax pass
     # All four inputs (h, h, h, ffn elements per row) against the two that are not norm-fed.
     assert plain_s / te_s == pytest.approx((3 * h + ffn) / (h + ffn), rel=1e-6)
@@ -96,3 +96,70 @@ def test_grouped_linear_casts_all_experts_at_once_only_under_delayed_scaling():
     # delayed scaling cast per expert too, it would be 4 x (3 - 1) x 112.
     gap = {ep: moe_kernels("current", ep) - moe_kernels("delayed", ep) for ep in (1, 8)}
     assert gap[1] - gap[8] == 4 * 3 * (128 - 16)
+
+
+def _linears(model) -> list[tuple[float, float]]:
+    """(n, k) of one dense layer's linear maps at TP 1: the attention projections, then the
+    SwiGLU FC1 and FC2."""
+    from trainpilot.perf.layer import _attention_gemms
+
+    h, ffn = model.hidden_size, model.ffn_size
+    return _attention_gemms(model, 1) + [(2 * ffn, h), (h, ffn)]
+
+
+def _weights_and_rows(model) -> tuple[float, float, float]:
+    """(weight elements, GEMM-input elements, backward-output elements) of one dense layer's
+    linear maps for the ``_dense_layer`` micro-batch (8,192 rows, TP 1)."""
+    m = 8192.0
+    gemms = _linears(model)
+    weights = sum(n * k for n, k in gemms)
+    return weights, sum(m * k for _, k in gemms), sum((m + n) * k for n, k in gemms)
+
+
+def test_pytorch_stacks_cast_fp8_weights_in_every_pass():
+    """torchao's Float8Linear quantizes its weight inside every forward (both orientations, an
+    amax read first under tensorwise scaling: 8 bytes per element as torchao's roofline counts
+    them); Transformer Engine caches the FP8 weight for the step. Two stacks that differ in
+    nothing else differ by exactly that traffic."""
+    from trainpilot.perf.hardware import FP8_WEIGHT_CAST
+
+    model = load_model("llama3-8b")
+    torchao, cached = _dense_layer("pytorch", "current"), _dense_layer("trainpilot", "current")
+    weights, _, _ = _weights_and_rows(model)
+    hbm = device_model(load_cluster("h100-sxm-x8"), "fp8").hbm_bytes_per_s
+    assert FP8_WEIGHT_CAST["current"][0] == 8.0
+    assert torchao.fwd_compute_s - cached.fwd_compute_s == pytest.approx(
+        8.0 * weights / hbm, rel=1e-6)
+    assert torchao.bwd_compute_s == pytest.approx(cached.bwd_compute_s)
+    # Negative control: in BF16 the stacks cost the same.
+    bf16 = [_dense_layer_bf16(s) for s in ("pytorch", "trainpilot")]
+    assert bf16[0].fwd_compute_s == pytest.approx(bf16[1].fwd_compute_s)
+
+
+def _dense_layer_bf16(stack: str):
+    from trainpilot.perf.estimator import Estimator, layout_of
+
+    model = load_model("llama3-8b")
+    plan = Plan(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=8192,
+                runtime=dict(stack=stack))
+    est = Estimator(model, load_cluster("h100-sxm-x8"))
+    lay = layout_of(model, plan, est.options)
+    return est.layer(lay, False, est.spans(lay))
+
+
+def test_rowwise_scaling_casts_each_orientation_and_rescales_the_backward_outputs():
+    """torchao's rowwise recipe: each GEMM input is cast twice from 16 bits (8 bytes per
+    element against tensorwise's 6), and the backward GEMMs run cuBLAS's tensor-scaled kernel
+    and multiply their 16-bit outputs by the scales afterwards (a read and a write, 4 bytes
+    per element of each backward output). On a stack that caches weights (no weight casts),
+    rowwise minus tensorwise is exactly that."""
+    model = load_model("llama3-8b")
+    row, tensor = _dense_layer("trainpilot", "rowwise"), _dense_layer("trainpilot", "current")
+    weights, inputs, outputs = _weights_and_rows(model)
+    hbm = device_model(load_cluster("h100-sxm-x8"), "fp8").hbm_bytes_per_s
+    assert row.fwd_compute_s - tensor.fwd_compute_s == pytest.approx(
+        (8.0 - 6.0) * inputs / hbm, rel=1e-6)
+    assert outputs == pytest.approx(inputs + weights)  # (m + n) k per GEMM
+    grad_outputs = sum(8192.0 * n for n, _ in _linears(model))
+    assert row.bwd_compute_s - tensor.bwd_compute_s == pytest.approx(
+        ((8.0 - 6.0) * grad_outputs + 4.0 * outputs) / hbm, rel=1e-6)

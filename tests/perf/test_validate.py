@@ -74,6 +74,23 @@ def test_every_source_cites_and_licenses_its_numbers():
         assert src.rows
 
 
+def test_a_row_can_name_its_own_hardware():
+    """A row's ``cluster_overrides`` merge over the file's: the torchao page's H100 table ran on
+    Meta's H100 variant and its B200 table on power-limited B200s, one file."""
+    from trainpilot.perf.validation.sources import _documents
+
+    data = {"metric": "tokens_per_s_per_gpu", "cluster_overrides": {"device": {"power_w": 700}},
+            "defaults": {"model": "llama3-8b", "cluster": "h100-sxm-x{gpus}"}}
+    plain = _documents(data, {"label": "a", "gpus": 8, "measured": 1.0}, "t")
+    capped = _documents(data, {"label": "b", "gpus": 8, "measured": 1.0, "cluster_overrides":
+                               {"device": {"power_limit_w": 500}}}, "t")
+    assert plain["cluster"]["device"].get("power_limit_w") is None  # the file's alone
+    assert capped["cluster"]["device"]["power_limit_w"] == 500
+    assert capped["cluster"]["device"]["power_w"] == 700  # the file's still apply
+    assert capped["cluster"]["device"]["hbm_gbytes_per_s"] == \
+        plain["cluster"]["device"]["hbm_gbytes_per_s"]
+
+
 def test_published_parameter_counts_match_the_model_documents():
     """The MPT rows' NumParams column checks that our documents describe the models run."""
     for src in load_sources():

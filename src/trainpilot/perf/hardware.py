@@ -272,8 +272,27 @@ FP8_CAST_BYTES = 4.0
 # nvte_compute_amax (a full read of the 16-bit input), nvte_compute_scale_from_amax and the cast:
 # 2 more bytes, 3 kernels; MXFP8 and blockwise scaling compute each block's scale inside the
 # cast, writing one 8-bit scale per 32 (MX) or 128 (blockwise) elements with each copy.
+# Row-wise scaling (torchao's "rowwise": a scale per row along the reduction dimension) needs
+# the other orientation scaled along the other axis, so it cannot transpose the 8-bit copy: as
+# torchao's own roofline counts it (torchao/testing/training/roofline_utils.py, 2025), one
+# kernel reads the 16-bit input and writes the row-scaled 8-bit copy and a 16-bit transposed
+# copy (2 + 1 + 2), a second reads that and writes the column-scaled 8-bit copy (2 + 1).
 FP8_CAST = {"delayed": (FP8_CAST_BYTES, 1), "current": (FP8_CAST_BYTES + 2.0, 3),
-            "mxfp8": (FP8_CAST_BYTES + 2.0 / 32, 1), "blockwise": (FP8_CAST_BYTES + 2.0 / 128, 1)}
+            "mxfp8": (FP8_CAST_BYTES + 2.0 / 32, 1), "blockwise": (FP8_CAST_BYTES + 2.0 / 128, 1),
+            "rowwise": (8.0, 2)}
+# Weights on a stack that casts them in every forward (torchao's Float8Linear: no weight cache
+# across micro-batches; Runtime.weight_cast_per_pass), per element of the rank's weight, from
+# the same roofline: tensorwise ("current") an amax read (2) and a cast per orientation (3 + 3),
+# rowwise 3 + 4 + 3 (the cast, the 16-bit transpose, the cast of the transpose), MX a cast per
+# orientation (3 + 3); delayed and blockwise, a cast per orientation.
+FP8_WEIGHT_CAST = {"delayed": (6.0, 2), "current": (8.0, 3), "mxfp8": (6.0, 2),
+                   "blockwise": (6.0, 2), "rowwise": (10.0, 3)}
+# torchao's rowwise backward GEMMs run without fast accumulation, which its row-scaled CUTLASS
+# kernel does slowly, so it calls the tensor-scaled cuBLAS kernel and multiplies the 16-bit
+# output by the row and column scales afterwards (torchao/float8/float8_ops.py,
+# addmm_float8_unwrapped, since pytorch/ao#1377): a read and a write of each backward GEMM's
+# output, one kernel each.
+FP8_RESCALE_BYTES = {"rowwise": 4.0}
 # A GEMM input that a Transformer Engine norm produces (LayerNormLinear: QKV, FC1) under current
 # scaling: the norm kernel computes its output's amax on the way (normalization.cpp,
 # FUSED_NORM_AMAX_FP8, TE 2.x), so quantize_with_amax runs only the scale and the cast.
@@ -345,6 +364,20 @@ class Device:
     def fp8_cast_kernels(recipe: str = "delayed", *, norm_fed: bool = False) -> int:
         """Kernels one quantization under ``recipe`` issues (``FP8_CAST``)."""
         return _fp8_cast(recipe, norm_fed)[1]
+
+    def fp8_weight_cast(self, elements: float, recipe: str) -> tuple[float, int]:
+        """(seconds, kernels) to quantize ``elements`` of a weight in both orientations for one
+        forward and backward (``FP8_WEIGHT_CAST``); (0, 0) without FP8."""
+        if not self.fp8:
+            return 0.0, 0
+        per, kernels = FP8_WEIGHT_CAST[recipe]
+        return per * elements / self.hbm_bytes_per_s, kernels
+
+    def fp8_rescale(self, elements: float, recipe: str) -> tuple[float, int]:
+        """(seconds, kernels) of the separate pass that scales ``elements`` of a backward GEMM's
+        output under ``recipe`` (``FP8_RESCALE_BYTES``: rowwise only); (0, 0) otherwise."""
+        per = FP8_RESCALE_BYTES.get(recipe, 0.0) if self.fp8 else 0.0
+        return (per * elements / self.hbm_bytes_per_s, 1) if per else (0.0, 0)
 
     def attention_s(self, flops: float, kernel: str = "flash2") -> float:
         """Seconds for a fused attention kernel (``kernel``: flash1, flash2 or fused) doing

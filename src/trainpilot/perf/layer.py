@@ -280,6 +280,22 @@ def _head_dims(model: ModelSpec) -> tuple[int, int, int]:
     return d, d, model.kv_heads
 
 
+def fp8_linear_extras(dev: Device, rt: Runtime, fwd: Ops, bwd: Ops, m: float, n: float,
+                      k: float, *, count: float = 1.0, launches: int = 1) -> None:
+    """What an FP8 linear layer of ``count`` GEMMs of (m x k) @ (k x n) costs beyond its GEMMs
+    and input casts: its weight's quantization when the stack casts weights in every pass
+    (``Runtime.weight_cast_per_pass``; charged to the forward) and the rescale of the
+    backward's two outputs (m x k, n x k) under row-wise scaling; ``launches`` kernels each."""
+    if not dev.fp8:
+        return
+    if rt.weight_cast_per_pass:
+        seconds, kernels = dev.fp8_weight_cast(count * n * k, rt.fp8_recipe)
+        fwd.add(seconds, launches * kernels)
+    seconds, kernels = dev.fp8_rescale(count * (m + n) * k, rt.fp8_recipe)
+    if kernels:
+        bwd.add(seconds, 2 * launches * kernels)
+
+
 def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device,
                net: Network, spans: dict[str, GroupSpan]) -> LayerCost:
     """Cost of one decoder layer (dense or MoE) for ``setup`` on ``dev``/``net``, with the
@@ -314,6 +330,7 @@ def layer_cost(model: ModelSpec, moe_layer: bool, setup: LayerSetup, dev: Device
                         dev.fp8_cast_kernels(rt.fp8_recipe, norm_fed=fed))
                 casts = dev.fp8_cast_kernels(rt.fp8_recipe)
                 bwd.add(dev.fp8_cast_s(m * n, rt.fp8_recipe), casts)
+                fp8_linear_extras(dev, rt, fwd, bwd, m, n, k)
 
         # Attention core (sliding windows: fewer keys per query, ``window_factor``).
         if st.flash_attention:

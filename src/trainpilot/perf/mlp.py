@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainpilot.perf.hardware import Device
-from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerSetup, Ops, graphed
+from trainpilot.perf.layer import ACT_BYTES, BWD_MEM, LayerSetup, Ops, fp8_linear_extras, graphed
 from trainpilot.perf.topology import GroupSpan, Network
 from trainpilot.specs import ModelSpec
 
@@ -103,6 +103,10 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
                          + dev.fp8_cast_kernels(rt.fp8_recipe)))
             bwd.add(dev.fp8_cast_s(experts * rows * (gate * width / tp + h), rt.fp8_recipe),
                     casts)
+            fp8_linear_extras(dev, rt, fwd, bwd, rows, gate * width / tp, h, count=experts,
+                              launches=n)
+            fp8_linear_extras(dev, rt, fwd, bwd, rows, h, width / tp, count=experts,
+                              launches=n)
         return gemms
 
     if not moe_layer:

@@ -102,6 +102,13 @@ class Runtime:
         cast-transpose for delayed scaling only; other recipes and stacks quantize per expert."""
         return self.stack == "megatron" and self.fp8_recipe == "delayed"
 
+    @property
+    def weight_cast_per_pass(self) -> bool:
+        """Whether FP8 weights are quantized in every forward and backward (torchao's
+        Float8Linear, the PyTorch stacks' FP8) rather than once per step (Transformer Engine's
+        FP8 weight cache); ``perf.hardware.FP8_WEIGHT_CAST``."""
+        return self.stack == "pytorch"
+
     def traffic(self, kind: str) -> float:
         """HBM traffic of an elementwise op of ``kind`` relative to its fused kernel."""
         return 1.0 if self.fused else UNFUSED_TRAFFIC[kind]

@@ -84,9 +84,12 @@ class Plan(Spec):
     # How FP8 GEMM inputs are scaled (precision fp8; Megatron's --fp8-recipe, Transformer
     # Engine's recipes): "delayed" (the scale from past steps' amax history: one fused cast),
     # "current" (per-tensor current scaling, Megatron's "tensorwise": an amax pass, a scale
-    # kernel and the cast), "mxfp8" (Blackwell's MX block scaling) and "blockwise" (DeepSeek-V3's
-    # 1 x 128 / 128 x 128 blocks): one fused cast each.
-    fp8_recipe: Literal["delayed", "current", "mxfp8", "blockwise"] = "delayed"
+    # kernel and the cast; torchao's "tensorwise"), "mxfp8" (Blackwell's MX block scaling),
+    # "blockwise" (DeepSeek-V3's 1 x 128 / 128 x 128 blocks): one fused cast each, and "rowwise"
+    # (torchao's axiswise recipe: a scale per row along the reduction dimension, so each
+    # operand is cast once per orientation from 16 bits, and the backward GEMMs rescale their
+    # outputs in a separate pass).
+    fp8_recipe: Literal["delayed", "current", "mxfp8", "blockwise", "rowwise"] = "delayed"
     pp_schedule: PpSchedule | None = None
     # Uneven pipelines: layers on the first / last stage (Megatron's
     # --decoder-first/last-pipeline-num-layers); the rest split evenly.

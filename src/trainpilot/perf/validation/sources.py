@@ -7,7 +7,8 @@ writes it as a job file that ``trainpilot predict --job`` reproduces exactly:
 
 * ``model``: a preset name, a name from the file's ``models`` mapping, or an inline spec;
 * ``cluster``: a preset name, where ``{gpus}`` is replaced by the row's device count, with
-  ``cluster_overrides`` merged into it (a device the presets lack, the network as measured);
+  the file's ``cluster_overrides`` merged into it (a device the presets lack, the network as
+  measured), then the row's own (when one table of the file ran on other hardware);
 * ``plan``: the file's ``defaults.plan`` merged with the row's; ``dp`` is derived from the
   device count when the row leaves it out.
 
@@ -33,7 +34,7 @@ _SOURCE_KEYS = {"name", "title", "citation", "url", "licence", "split", "setup",
                 "metric", "convention", "models", "defaults", "rows", "cluster_overrides",
                 "anchors", "param_counts", "batch"}
 _ROW_KEYS = {"label", "gpus", "model", "cluster", "plan", "measured", "metric", "convention",
-             "note", "free"}
+             "note", "free", "cluster_overrides"}
 # Plan fields a source may leave to the model ("free"): the fastest value that fits is used.
 FREE_KNOBS = ("micro_batch_size", "vp", "recompute")
 
@@ -95,6 +96,7 @@ def _documents(data: dict[str, Any], row: dict[str, Any], where: str) -> dict[st
             raise SpecError(f"{where}.cluster", name, "not a cluster preset")
         cluster = found
     cluster = merge(cluster, data.get("cluster_overrides", {}))
+    cluster = merge(cluster, row.get("cluster_overrides", {}))  # one row's hardware facts
     plan = merge(defaults.get("plan", {}), row.get("plan", {}))
     if "dp" not in plan:
         model_par = plan.get("tp", 1) * plan.get("pp", 1) * plan.get("cp", 1)
