@@ -163,3 +163,18 @@ def test_rowwise_scaling_casts_each_orientation_and_rescales_the_backward_output
     grad_outputs = sum(8192.0 * n for n, _ in _linears(model))
     assert row.bwd_compute_s - tensor.bwd_compute_s == pytest.approx(
         ((8.0 - 6.0) * grad_outputs + 4.0 * outputs) / hbm, rel=1e-6)
+
+
+def test_megatron_export_refuses_the_rowwise_recipe_in_one_line():
+    """Row-wise scaling is torchao's; Megatron's --fp8-recipe has no such choice."""
+    from trainpilot.plan.megatron import megatron_export
+    from trainpilot.specs import SpecError
+
+    plan = Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", fp8_recipe="rowwise")
+    with pytest.raises(SpecError) as info:
+        megatron_export(plan, load_model("llama3-8b"))
+    assert str(info.value).startswith("plan.fp8_recipe: ") and "\n" not in str(info.value)
+    tensorwise = Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8",
+                      fp8_recipe="current")  # negative control: exported
+    assert dict(megatron_export(tensorwise, load_model("llama3-8b")).flags)["--fp8-recipe"] == \
+        "tensorwise"

@@ -91,6 +91,9 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
     out.add("--seq-length", plan.seq_len)
     out.add("--max-position-embeddings", max(plan.seq_len, model.max_position_embeddings)
             if model.position_embedding == "rope" else model.max_position_embeddings)
+    if plan.precision == "fp8" and plan.fp8_recipe == "rowwise":
+        raise SpecError("plan.fp8_recipe", "rowwise", "torchao's row-wise scaling is not a "
+                        "Megatron recipe; valid: delayed, current (tensorwise), mxfp8, blockwise")
     if plan.precision == "fp8":
         out.add("--bf16")
         out.add("--fp8-format", "hybrid")
