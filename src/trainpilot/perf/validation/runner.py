@@ -64,7 +64,7 @@ HELD_OUT_GATES = {"dense": 0.125, "moe": 0.25}
 BATCH_GATES = {1: {"dense": 0.12, "moe": 0.18}, 2: {"dense": 0.28, "moe": 0.38},
                3: {"dense": 0.05, "moe": 0.16}, 4: {"dense": 0.155, "moe": 0.22},
                5: {"dense": 0.07}, 6: {"dense": 0.14, "moe": 0.39},
-               7: {"dense": 0.24}}
+               7: {"dense": 0.24}, 8: {"dense": 0.16}}
 TARGETS = {"dense": 0.10, "moe": 0.15}
 TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
