@@ -233,19 +233,19 @@ def test_a_later_batch_is_held_out_only_and_summarised_apart(tmp_path):
         _source(dict(data, split="held_out", batch=0), "x.yaml")
     cases = [c for c in source_cases() if c.batch == 1 and c.split == HELD_OUT][:6]
     results = [Result(c, c.measured * 1.1) for c in cases] + \
-        [Result(dataclasses.replace(c, batch=2), c.measured * 1.25) for c in cases[:2]]
+        [Result(dataclasses.replace(c, batch=2), c.measured * 1.2) for c in cases[:2]]
     by_name = {(s.dataset, s.model_kind): s for s in summarize(results)}
     kind = cases[0].kind
     assert by_name[("held-out, batch 1", kind)].count == sum(c.kind == kind for c in cases)
     blind = by_name[("held-out, batch 2 (blind)", kind)]
     assert blind.count == sum(c.kind == kind for c in cases[:2])
-    assert abs(blind.mape - 0.25) < 1e-9 and is_pooled(blind.dataset)
+    assert abs(blind.mape - 0.2) < 1e-9 and is_pooled(blind.dataset)
     # Each batch has its own regression gate besides the pooled one; negative control: batch 1
     # over its gate fails, batch 2 at the same error does not (its gate is where it was scored).
     from trainpilot.perf.validation.runner import BATCH_GATES
 
     assert not [line for line in failures(summarize(results)) if "batch" in line]
-    over = 0.24  # above batch 1's gates, under batch 2's
+    over = 0.21  # above batch 1's gates, under batch 2's
     worse = [Result(r.case, r.case.measured * (1 + over)) for r in results]
     lines = [line for line in failures(summarize(worse)) if "batch" in line]
     assert lines == [f"held-out, batch 1 {k} rows: mean |error| {over:.1%} > "
