@@ -60,6 +60,8 @@ DATASET_THRESHOLDS = {"llama3_2024": 0.15}
 # Batch 6 (BAAI FlagPerf, 8 dense and 1 MoE row, collected blind and scored once on
 # 2026-12-06 after all of the above): 12.6% dense, 37.6% MoE; pooled 11.9% (425), 22.4% (98).
 # Batch 7 (FlagPerf's DeepSpeed ZeRO-3 cases, 2 dense rows, blind, scored once): 22.9%.
+# Batch 8 (MLPerf Training v3.1/v4.0 GPT-3 and v5.0 Llama 3.1 405B on Hopper, 19 dense rows,
+# blind, scored once after torchao's recipes were priced): 14.8%; pooled dense 11.4% (446).
 HELD_OUT_GATES = {"dense": 0.12, "moe": 0.25}
 BATCH_GATES = {1: {"dense": 0.12, "moe": 0.18}, 2: {"dense": 0.22, "moe": 0.38},
                3: {"dense": 0.05, "moe": 0.16}, 4: {"dense": 0.155, "moe": 0.22},
