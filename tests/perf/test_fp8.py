@@ -42,12 +42,12 @@ def test_attention_and_other_gemms_stay_16_bit_and_linear_gemms_pay_their_casts(
     assert (fp8.nominal_flops, bf16.nominal_flops) == (1979e12, 989e12)
 
 
-def _dense_layer(stack: str, recipe: str):
-    """One Llama 3 8B layer under FP8 on an H100, as the cost model prices it."""
+def _dense_layer(stack: str, recipe: str, precision: str = "fp8"):
+    """One Llama 3 8B layer on an H100 (8,192 rows, TP 1), as the cost model prices it."""
     from trainpilot.perf.estimator import Estimator, layout_of
 
     model = load_model("llama3-8b")
-    plan = Plan(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=8192, precision="fp8",
+    plan = Plan(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=8192, precision=precision,
                 fp8_recipe=recipe, runtime=dict(stack=stack))
     est = Estimator(model, load_cluster("h100-sxm-x8"))
     lay = layout_of(model, plan, est.options)
@@ -98,22 +98,15 @@ def test_grouped_linear_casts_all_experts_at_once_only_under_delayed_scaling():
     assert gap[1] - gap[8] == 4 * 3 * (128 - 16)
 
 
-def _linears(model) -> list[tuple[float, float]]:
-    """(n, k) of one dense layer's linear maps at TP 1: the attention projections, then the
-    SwiGLU FC1 and FC2."""
+def _linear_elements(model) -> tuple[float, float, float]:
+    """(weight, input, output-gradient) elements of one dense layer's linear maps (the
+    attention projections, the SwiGLU FC1 and FC2) for the ``_dense_layer`` micro-batch."""
     from trainpilot.perf.layer import _attention_gemms
 
-    h, ffn = model.hidden_size, model.ffn_size
-    return _attention_gemms(model, 1) + [(2 * ffn, h), (h, ffn)]
-
-
-def _weights_and_rows(model) -> tuple[float, float, float]:
-    """(weight elements, GEMM-input elements, backward-output elements) of one dense layer's
-    linear maps for the ``_dense_layer`` micro-batch (8,192 rows, TP 1)."""
-    m = 8192.0
-    gemms = _linears(model)
-    weights = sum(n * k for n, k in gemms)
-    return weights, sum(m * k for _, k in gemms), sum((m + n) * k for n, k in gemms)
+    m, h, ffn = 8192.0, model.hidden_size, model.ffn_size
+    gemms = _attention_gemms(model, 1) + [(2 * ffn, h), (h, ffn)]
+    return (sum(n * k for n, k in gemms), sum(m * k for _, k in gemms),
+            sum(m * n for n, _ in gemms))
 
 
 def test_pytorch_stacks_cast_fp8_weights_in_every_pass():
@@ -125,26 +118,15 @@ def test_pytorch_stacks_cast_fp8_weights_in_every_pass():
 
     model = load_model("llama3-8b")
     torchao, cached = _dense_layer("pytorch", "current"), _dense_layer("trainpilot", "current")
-    weights, _, _ = _weights_and_rows(model)
+    weights, _, _ = _linear_elements(model)
     hbm = device_model(load_cluster("h100-sxm-x8"), "fp8").hbm_bytes_per_s
     assert FP8_WEIGHT_CAST["current"][0] == 8.0
     assert torchao.fwd_compute_s - cached.fwd_compute_s == pytest.approx(
         8.0 * weights / hbm, rel=1e-6)
     assert torchao.bwd_compute_s == pytest.approx(cached.bwd_compute_s)
     # Negative control: in BF16 the stacks cost the same.
-    bf16 = [_dense_layer_bf16(s) for s in ("pytorch", "trainpilot")]
+    bf16 = [_dense_layer(s, "delayed", precision="bf16") for s in ("pytorch", "trainpilot")]
     assert bf16[0].fwd_compute_s == pytest.approx(bf16[1].fwd_compute_s)
-
-
-def _dense_layer_bf16(stack: str):
-    from trainpilot.perf.estimator import Estimator, layout_of
-
-    model = load_model("llama3-8b")
-    plan = Plan(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=8192,
-                runtime=dict(stack=stack))
-    est = Estimator(model, load_cluster("h100-sxm-x8"))
-    lay = layout_of(model, plan, est.options)
-    return est.layer(lay, False, est.spans(lay))
 
 
 def test_rowwise_scaling_casts_each_orientation_and_rescales_the_backward_outputs():
@@ -155,14 +137,13 @@ def test_rowwise_scaling_casts_each_orientation_and_rescales_the_backward_output
     rowwise minus tensorwise is exactly that."""
     model = load_model("llama3-8b")
     row, tensor = _dense_layer("trainpilot", "rowwise"), _dense_layer("trainpilot", "current")
-    weights, inputs, outputs = _weights_and_rows(model)
+    weights, inputs, grad_outputs = _linear_elements(model)
     hbm = device_model(load_cluster("h100-sxm-x8"), "fp8").hbm_bytes_per_s
     assert row.fwd_compute_s - tensor.fwd_compute_s == pytest.approx(
         (8.0 - 6.0) * inputs / hbm, rel=1e-6)
-    assert outputs == pytest.approx(inputs + weights)  # (m + n) k per GEMM
-    grad_outputs = sum(8192.0 * n for n, _ in _linears(model))
+    # The backward outputs: each GEMM's input gradient (m x k) and weight gradient (n x k).
     assert row.bwd_compute_s - tensor.bwd_compute_s == pytest.approx(
-        ((8.0 - 6.0) * grad_outputs + 4.0 * outputs) / hbm, rel=1e-6)
+        ((8.0 - 6.0) * grad_outputs + 4.0 * (inputs + weights)) / hbm, rel=1e-6)
 
 
 def test_megatron_export_refuses_the_rowwise_recipe_in_one_line():
