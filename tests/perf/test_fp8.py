@@ -42,13 +42,13 @@ def test_attention_and_other_gemms_stay_16_bit_and_linear_gemms_pay_their_casts(
     assert (fp8.nominal_flops, bf16.nominal_flops) == (1979e12, 989e12)
 
 
-def _dense_layer(stack: str, recipe: str, precision: str = "fp8"):
+def _dense_layer(stack: str, recipe: str, precision: str = "fp8", **extra):
     """One Llama 3 8B layer on an H100 (8,192 rows, TP 1), as the cost model prices it."""
     from trainpilot.perf.estimator import Estimator, layout_of
 
     model = load_model("llama3-8b")
     plan = Plan(dp=8, micro_batch_size=1, global_batch_size=8, seq_len=8192, precision=precision,
-                fp8_recipe=recipe, runtime=dict(stack=stack))
+                fp8_recipe=recipe, runtime=dict(stack=stack), **extra)
     est = Estimator(model, load_cluster("h100-sxm-x8"))
     lay = layout_of(model, plan, est.options)
     return est.layer(lay, False, est.spans(lay))
@@ -159,3 +159,101 @@ def test_megatron_export_refuses_the_rowwise_recipe_in_one_line():
                       fp8_recipe="current")  # negative control: exported
     assert dict(megatron_export(tensorwise, load_model("llama3-8b")).flags)["--fp8-recipe"] == \
         "tensorwise"
+
+
+def _stage(**plan):
+    """The first pipeline stage of Llama 3 8B on 64 H100 (Megatron, DP 64) as costed."""
+    from trainpilot.perf.estimator import Estimator, layout_of
+
+    model = load_model("llama3-8b")
+    est = Estimator(model, load_cluster("h100-sxm-x64"))
+    full = Plan(dp=64, micro_batch_size=1, global_batch_size=128, seq_len=8192,
+                runtime=dict(stack="megatron"), **plan)
+    return est.evaluate(layout_of(model, full, est.options)).stages[0]
+
+
+def test_fp8_param_gather_moves_one_byte_per_parameter():
+    """Megatron's --fp8-param-gather (torchtitan's float8 all-gather) gathers the 8-bit weights:
+    the distributed optimizer's parameter all-gather carries half the bytes, exactly the
+    traffic of a model with half the parameters at 16 bits. MXFP8 is the negative control:
+    Megatron gathers 16-bit values into the gradient buffer and quantizes after the gather."""
+    import dataclasses
+
+    from trainpilot.perf.dataparallel import traffic
+    from trainpilot.perf.estimator import Estimator, layout_of
+    from trainpilot.perf.memory import RankParams
+
+    base = dict(zero=1, fp8_recipe="current", precision="fp8")
+    plain, gathered = _stage(**base), _stage(**base, fp8_param_gather=True)
+    assert gathered.dp_comm_s < plain.dp_comm_s
+    assert gathered.compute_s == pytest.approx(plain.compute_s)  # TE caches its FP8 weight
+    mx = dict(zero=1, fp8_recipe="mxfp8", precision="fp8")
+    assert _stage(**mx, fp8_param_gather=True).dp_comm_s == pytest.approx(
+        _stage(**mx).dp_comm_s)
+    # The all-gather term itself: 1 byte per parameter is 2 bytes for half of them.
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-sxm-x64")
+    est = Estimator(model, cluster)
+    lay = layout_of(model, Plan(dp=64, global_batch_size=64, seq_len=8192), est.options)
+    spans = est.spans(lay)
+    params = RankParams(dense=8e9, expert=0.0, largest_layer=2e8)
+    half = dataclasses.replace(params, dense=4e9)
+    net = est.net
+    common = dict(zero=1, grad_bytes=2, spans=spans, hierarchical=False, bucket_bytes=160e6,
+                  dp_shard=None, tied_bytes=0.0, num_layers=32)
+    one = traffic(net, params=params, param_bytes=1.0, **common)
+    two = traffic(net, params=half, param_bytes=2.0, **common)
+    assert one.step_gather_s == pytest.approx(two.step_gather_s)
+    assert traffic(net, params=params, **common).step_gather_s > one.step_gather_s
+
+
+def test_a_float8_gathered_weight_is_transposed_not_cast_in_every_pass():
+    """torchao with FSDP2 float8 all-gather casts each rank's shard before the gather, so the
+    layer stops casting the whole weight (8 bytes per element under tensorwise scaling) and
+    only copies it transposed for the backward's grad_input GEMM (1 + 1 bytes)."""
+    from trainpilot.perf.hardware import FP8_GATHERED_WEIGHT
+
+    model = load_model("llama3-8b")
+    weights, _, _ = _linear_elements(model)
+    hbm = device_model(load_cluster("h100-sxm-x8"), "fp8").hbm_bytes_per_s
+    cast = _dense_layer("pytorch", "current", zero=3)
+    gathered = _dense_layer("pytorch", "current", zero=3, fp8_param_gather=True)
+    assert FP8_GATHERED_WEIGHT == (2.0, 1)
+    assert cast.fwd_compute_s - gathered.fwd_compute_s == pytest.approx(
+        (8.0 - 2.0) * weights / hbm, rel=1e-6)
+    # Negative control: Transformer Engine's weight cache makes the flag free in compute.
+    te = [_dense_layer("megatron", "current", zero=1, fp8_param_gather=flag)
+          for flag in (False, True)]
+    assert te[0].fwd_compute_s == pytest.approx(te[1].fwd_compute_s)
+
+
+@pytest.mark.parametrize("plan, field", [
+    (dict(precision="bf16", fp8_param_gather=True), "fp8_param_gather"),
+    (dict(precision="fp8", fp8_recipe="rowwise", fp8_param_gather=True), "fp8_param_gather"),
+    (dict(precision="fp8", fp8_recipe="mxfp8", fp8_param_gather=True,
+          runtime=dict(stack="pytorch")), "fp8_param_gather"),
+])
+def test_fp8_param_gather_is_refused_where_no_stack_does_it(plan, field):
+    from trainpilot.specs import SpecError, load_plan
+
+    with pytest.raises(SpecError) as info:
+        load_plan(dict(dp=8, global_batch_size=8, seq_len=4096, **plan))
+    assert info.value.field.endswith(field) and "\n" not in str(info.value)
+    # Negative control: the same flag with a recipe that gathers is accepted.
+    Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", fp8_recipe="current",
+         fp8_param_gather=True, runtime=dict(stack="pytorch"))
+
+
+def test_megatron_export_passes_fp8_param_gather_and_needs_the_distributed_optimizer():
+    from trainpilot.plan.megatron import megatron_export
+    from trainpilot.specs import SpecError
+
+    model = load_model("llama3-8b")
+    plan = Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", zero=1,
+                fp8_param_gather=True)
+    assert "--fp8-param-gather" in dict(megatron_export(plan, model).flags)
+    off = Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", zero=1)
+    assert "--fp8-param-gather" not in dict(megatron_export(off, model).flags)
+    with pytest.raises(SpecError) as info:
+        megatron_export(Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8",
+                             zero=0, fp8_param_gather=True), model)
+    assert str(info.value).startswith("plan.fp8_param_gather: ")

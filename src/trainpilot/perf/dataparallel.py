@@ -72,10 +72,12 @@ def per_unit(stack: str, zero: int) -> bool:
 def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
             spans: dict[str, GroupSpan], hierarchical: bool, bucket_bytes: float,
             dp_shard: int | None, tied_bytes: float, num_layers: int,
-            units: bool = False, sync: str = "micro_batch") -> Traffic:
+            units: bool = False, sync: str = "micro_batch",
+            param_bytes: float = 2.0) -> Traffic:
     """Raw data-parallel traffic of one stage (see the module docstring); ``num_layers``:
     decoder layers on the stage (the FSDP units when ``units``); ``sync``: ``step`` or
-    ``micro_batch`` (``runtime.grad_sync``)."""
+    ``micro_batch`` (``runtime.grad_sync``); ``param_bytes``: bytes per parameter of the
+    parameter all-gather (``Runtime.param_gather_bytes``)."""
     dense, expert = params.dense, params.expert
     dp, edp = spans["dp"], spans["expert_dp"]
     ops = {"ar": net.all_reduce_s, "rs": net.reduce_scatter_s, "ag": net.all_gather_s}
@@ -105,7 +107,8 @@ def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
         return Traffic(step_grad_s=both(dp, grad_bytes, "ar"),
                        step_grad_edge_s=edge(dp, grad_bytes, "ar"), tied_s=tied)
     if zero in (1, 2):
-        gather = dict(step_gather_s=both(dp, 2, "ag"), step_gather_edge_s=edge(dp, 2, "ag"))
+        gather = dict(step_gather_s=both(dp, param_bytes, "ag"),
+                      step_gather_edge_s=edge(dp, param_bytes, "ag"))
         if zero == 2 and sync == "micro_batch":
             return Traffic(mb_bwd_s=both(dp, grad_bytes, "rs"),
                            mb_edge_s=edge(dp, grad_bytes, "rs"), tied_s=tied, **gather)
@@ -117,12 +120,12 @@ def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
         return op(span, per_param * dense, kind, layers) + \
             op(edp, per_param * expert, kind, layers if expert else 1)
 
-    ag = per_layer(shard, 2, "ag")
+    ag = per_layer(shard, param_bytes, "ag")
     rs = per_layer(shard, grad_bytes, "rs")
     replicate = 0.0
     if "dp_replicate" in spans:
         replicate = op(spans["dp_replicate"], grad_bytes * dense / (dp_shard or 1), "ar")
-    edge_ag = op(shard, 2 * params.largest_layer, "ag")
+    edge_ag = op(shard, param_bytes * params.largest_layer, "ag")
     if sync == "step":
         return Traffic(mb_fwd_s=ag, mb_bwd_s=ag, mb_edge_s=edge_ag, step_grad_s=rs,
                        step_grad_edge_s=op(shard, grad_bytes * params.largest_layer, "rs"),

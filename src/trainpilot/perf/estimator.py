@@ -368,7 +368,7 @@ class Estimator:
         sync = lay.rt.grad_sync
         key = (lay.zero, gbytes, st.params, spans["dp"], spans["expert_dp"], spans["pp"],
                spans.get("dp_shard"), lay.hierarchical, lay.bucket_mb, lay.dp_shard, tied,
-               len(sig.ids), units, sync, lay.algorithm)
+               len(sig.ids), units, sync, lay.algorithm, lay.rt.param_gather_bytes)
         tr = self._traffic.get(key)
         if tr is None:
             tied_bytes = gbytes * self.model.vocab_size * self.model.hidden_size / lay.tp \
@@ -377,7 +377,8 @@ class Estimator:
                 self.net.with_algorithm(lay.algorithm), zero=lay.zero, params=st.params,
                 grad_bytes=gbytes, spans=spans, hierarchical=lay.hierarchical,
                 bucket_bytes=lay.bucket_mb * 1e6, dp_shard=lay.dp_shard, tied_bytes=tied_bytes,
-                num_layers=len(sig.ids), units=units, sync=sync)
+                num_layers=len(sig.ids), units=units, sync=sync,
+                param_bytes=lay.rt.param_gather_bytes)
         ov, sigma = lay.overlap, dev.curve.overlap_slowdown
         st.fsdp_fwd_s = exposed(tr.mb_fwd_s, st.fwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
         st.fsdp_bwd_s = exposed(tr.mb_bwd_s, st.bwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)

@@ -287,6 +287,14 @@ FP8_CAST = {"delayed": (FP8_CAST_BYTES, 1), "current": (FP8_CAST_BYTES + 2.0, 3)
 # orientation (3 + 3); delayed and blockwise, a cast per orientation.
 FP8_WEIGHT_CAST = {"delayed": (6.0, 2), "current": (8.0, 3), "mxfp8": (6.0, 2),
                    "blockwise": (6.0, 2), "rowwise": (10.0, 3)}
+# A weight that arrives in 8 bits from a float8 all-gather (Plan.fp8_param_gather on the PyTorch
+# stack: torchao's WeightWithDynamicFloat8CastTensor casts each rank's shard before FSDP2
+# gathers it) is not cast again; the forward GEMM reads it as the transposed view it needs, and
+# the backward's grad_input GEMM, whose second operand must be column-major, copies it
+# transposed (torchao/float8/float8_ops.py, preprocess_addmm: b_data.t().contiguous().t()): a
+# read and a write of 1 byte, one kernel. The shard's own cast (3 bytes per element of the
+# 1/dp shard, per gather) is not charged.
+FP8_GATHERED_WEIGHT = (2.0, 1)
 # torchao's rowwise backward GEMMs run without fast accumulation, which its row-scaled CUTLASS
 # kernel does slowly, so it calls the tensor-scaled cuBLAS kernel and multiplies the 16-bit
 # output by the row and column scales afterwards (torchao/float8/float8_ops.py,
@@ -365,12 +373,15 @@ class Device:
         """Kernels one quantization under ``recipe`` issues (``FP8_CAST``)."""
         return _fp8_cast(recipe, norm_fed)[1]
 
-    def fp8_weight_cast(self, elements: float, recipe: str) -> tuple[float, int]:
+    def fp8_weight_cast(self, elements: float, recipe: str, *,
+                        gathered: bool = False) -> tuple[float, int]:
         """(seconds, kernels) to quantize ``elements`` of a weight in both orientations for one
-        forward and backward (``FP8_WEIGHT_CAST``); (0, 0) without FP8."""
+        forward and backward (``FP8_WEIGHT_CAST``), or, for a weight all-gathered in 8 bits
+        (``gathered``), to transpose it for the backward (``FP8_GATHERED_WEIGHT``); (0, 0)
+        without FP8."""
         if not self.fp8:
             return 0.0, 0
-        per, kernels = FP8_WEIGHT_CAST[recipe]
+        per, kernels = FP8_GATHERED_WEIGHT if gathered else FP8_WEIGHT_CAST[recipe]
         return per * elements / self.hbm_bytes_per_s, kernels
 
     def fp8_rescale(self, elements: float, recipe: str) -> tuple[float, int]:

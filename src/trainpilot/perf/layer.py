@@ -289,7 +289,8 @@ def fp8_linear_extras(dev: Device, rt: Runtime, fwd: Ops, bwd: Ops, m: float, n:
     if not dev.fp8:
         return
     if rt.weight_cast_per_pass:
-        seconds, kernels = dev.fp8_weight_cast(count * n * k, rt.fp8_recipe)
+        seconds, kernels = dev.fp8_weight_cast(count * n * k, rt.fp8_recipe,
+                                               gathered=rt.fp8_param_gather)
         fwd.add(seconds, launches * kernels)
     seconds, kernels = dev.fp8_rescale(count * (m + n) * k, rt.fp8_recipe)
     if kernels:

@@ -118,7 +118,7 @@ CALIBRATED_CURVES = ("a100", "h100")
 # validate; docs/cost_model.md, "Validation"): kept in step with the committed results.
 HELD_OUT_NOTES = {
     "fsdp": "PyTorch FSDP stacks: the held-out llm-foundry, torchtitan, KempnerForge and "
-            "fms-fsdp rows (269) err 13.0% on average, predicted 9.3% faster than measured "
+            "fms-fsdp rows (269) err 13.0% on average, predicted 9.4% faster than measured "
             "(this model is optimistic there)",
     "moe": "MoE: the held-out MoE rows (98) err 22.4% on average and 85 of them are optimistic "
            "(GPT-OSS on Megatron-Core about 1.5x)",

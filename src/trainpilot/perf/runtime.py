@@ -69,6 +69,8 @@ class Runtime:
     expert_gemm: str = "per_expert"
     capacity_factor: float | None = None  # None: dropless
     fp8_recipe: str = "delayed"  # Plan.fp8_recipe: how FP8 GEMM inputs are scaled
+    fp8_param_gather: bool = False  # Plan.fp8_param_gather: weights all-gathered in 8 bits
+    param_gather_bytes: float = 2.0  # bytes per parameter of the data-parallel all-gather
     graph_scope: frozenset[str] = frozenset()  # CUDA-graph scopes (Megatron's names)
 
     def graphed(self, scope: str) -> bool:
@@ -128,6 +130,16 @@ def grad_bytes(plan: Plan) -> int:
     return 2 if plan.precision == "fp16" else 4
 
 
+def param_gather_bytes(plan: Plan) -> float:
+    """Bytes per parameter of the data-parallel parameter all-gather: the 16-bit weights, or
+    their 8-bit copies under ``fp8_param_gather``, except MXFP8, whose Megatron path gathers
+    16-bit values into the gradient buffer and quantizes after the gather (Megatron-LM
+    ``reuse_grad_buf_for_mxfp8_param_ag``, !3415: "cast from bf16 to MXFP8 during copy")."""
+    if plan.precision == "fp8" and plan.fp8_param_gather and plan.fp8_recipe != "mxfp8":
+        return 1.0
+    return 2.0
+
+
 def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
     """The plan's runtime for ``model``; non-None ``CostOptions`` fields override it."""
     prof = plan.runtime
@@ -141,6 +153,8 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         attention_kernel=str(prof.resolved("attention_kernel")),
         expert_gemm=str(prof.resolved("expert_gemm")),
         capacity_factor=prof.moe_capacity_factor, fp8_recipe=plan.fp8_recipe,
+        fp8_param_gather=plan.precision == "fp8" and plan.fp8_param_gather,
+        param_gather_bytes=param_gather_bytes(plan),
         graph_scope=frozenset(prof.cuda_graph_scope),
     )
     if options is not None:

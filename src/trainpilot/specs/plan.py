@@ -90,6 +90,13 @@ class Plan(Spec):
     # operand is cast once per orientation from 16 bits, and the backward GEMMs rescale their
     # outputs in a separate pass).
     fp8_recipe: Literal["delayed", "current", "mxfp8", "blockwise", "rowwise"] = "delayed"
+    # FP8 parameter all-gather (precision fp8; Megatron's --fp8-param-gather, torchtitan's
+    # enable_fsdp_float8_all_gather): the data-parallel parameter all-gather moves the 8-bit
+    # weights (1 byte per parameter instead of 2), except under mxfp8, where Megatron gathers
+    # 16-bit values into the gradient buffer and quantizes after the gather; on the PyTorch stack
+    # (torchao tensorwise only) each rank casts its shard before the gather, so the layer no
+    # longer casts the whole weight in every pass (perf/hardware.py, FP8_GATHERED_WEIGHT).
+    fp8_param_gather: bool = False
     pp_schedule: PpSchedule | None = None
     # Uneven pipelines: layers on the first / last stage (Megatron's
     # --decoder-first/last-pipeline-num-layers); the rest split evenly.
@@ -118,6 +125,20 @@ class Plan(Spec):
             raise SpecError("fp8_recipe", self.fp8_recipe,
                             f"scales FP8 GEMM inputs; precision is {self.precision} (valid: "
                             "precision fp8, or leave fp8_recipe unset)")
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise SpecError("fp8_param_gather", True,
+                            f"gathers FP8 weights; precision is {self.precision} (valid: "
+                            "precision fp8, or false)")
+        if self.fp8_param_gather and self.fp8_recipe == "rowwise":
+            raise SpecError("fp8_param_gather", True,
+                            "torchao's float8 all-gather supports tensorwise scaling only; "
+                            "valid with fp8_recipe delayed, current, mxfp8 or blockwise")
+        if self.fp8_param_gather and self.runtime.stack == "pytorch" \
+                and self.fp8_recipe != "current":
+            raise SpecError("fp8_param_gather", True,
+                            f"on the pytorch stack torchao gathers float8 weights with "
+                            f"tensorwise scaling only, not {self.fp8_recipe}; valid with "
+                            "fp8_recipe current")
         if self.sequence_parallel and self.tp == 1:
             raise SpecError("sequence_parallel", True, "needs tp > 1; valid: false when tp=1")
         if self.etp is None and (self.dp * self.cp) % self.ep:
