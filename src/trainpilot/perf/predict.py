@@ -120,7 +120,7 @@ HELD_OUT_NOTES = {
     "fsdp": "PyTorch FSDP stacks: the held-out llm-foundry, torchtitan, KempnerForge and "
             "fms-fsdp rows (269) err 13.0% on average, predicted 9.4% faster than measured "
             "(this model is optimistic there)",
-    "moe": "MoE: the held-out MoE rows (98) err 22.4% on average and 85 of them are optimistic "
+    "moe": "MoE: the held-out MoE rows (98) err 22.5% on average and 85 of them are optimistic "
            "(GPT-OSS on Megatron-Core about 1.5x)",
     "cp": "context parallelism is checked on few rows (Qwen3 long context CP 2-8 within 10%; "
           "Llama 3 405B at 131K tokens 27% pessimistic)",
