@@ -449,3 +449,48 @@ def test_cli_validate_prints_accuracy_per_category():
     assert result.returncode == (0 if held["accuracy"] >= 0.9 else 1)
     assert "collective_timeout" in held["by_category"]
     assert run_cli("diagnose").returncode == 2
+
+
+def _smi_query(rows, *, aligned: bool) -> str:
+    """An ``nvidia-smi --query-gpu=index,utilization.gpu,utilization.memory,memory.used
+    --format=csv`` snapshot, as printed or piped through ``column -t -s ,``."""
+    header = ["index", "utilization.gpu [%]", "utilization.memory [%]", "memory.used [MiB]"]
+    lines = [header] + [[str(i), f"{g} %", f"{m} %", "78000 MiB"] for i, (g, m) in enumerate(rows)]
+    sep = "   " if aligned else ", "
+    return "\n".join(sep.join(cells) for cells in lines) + "\n"
+
+
+def _smi_table(rows) -> str:
+    """The default ``nvidia-smi`` table's GPU rows: (utilization %, memory used MiB) each."""
+    out = ["| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |",
+           "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |",
+           "|===============================+======================+======================|"]
+    for i, (util, used) in enumerate(rows):
+        out += [f"|   {i}  NVIDIA A100-SXM...  On   | 00000000:{i:02d}:00.0 Off |                    0 |",
+                f"| N/A   45C    P0    90W / 400W |  {used}MiB / 81920MiB |    {util}%      Default |",
+                "+-------------------------------+----------------------+----------------------+"]
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_a_gpu_spinning_while_its_peers_idle_is_a_hang(aligned):
+    """A collective waiting on a peer spins: nvidia-smi shows that GPU at 100 % with no memory
+    traffic while the others sit at 0 %."""
+    hung = _smi_query([(0, 0), (0, 0), (100, 0), (0, 0)], aligned=aligned)
+    result = DIAGNOSER.diagnose_texts({"smi.txt": hung})
+    assert result.category == "hang" and result.evidence.startswith("smi.txt:4: "), result
+    # Negative controls: every GPU busy (training), and a busy GPU moving memory (real work on
+    # one GPU beside idle ones is not a spin).
+    for rows in ([(100, 40)] * 4, [(100, 35), (0, 0), (0, 0), (0, 0)]):
+        text = _smi_query(rows, aligned=aligned)
+        assert DIAGNOSER.diagnose_texts({"smi.txt": text}).category == "unknown", rows
+
+
+def test_the_default_nvidia_smi_table_shows_a_spin_only_across_the_jobs_gpus():
+    hung = _smi_table([(0, 60000), (100, 61000), (0, 60000), (0, 60000)])
+    assert DIAGNOSER.diagnose_texts({"smi.txt": hung}).category == "hang"
+    # Negative controls: a one-GPU job beside empty GPUs, and a node where every GPU is busy.
+    alone = _smi_table([(100, 30000), (0, 3), (0, 3), (0, 3)])
+    busy = _smi_table([(100, 60000)] * 4)
+    for text in (alone, busy):
+        assert DIAGNOSER.diagnose_texts({"smi.txt": text}).category == "unknown"

@@ -211,6 +211,14 @@ METRIC_FINDINGS = {
                                           "warm-up / gradient clipping; resume from a checkpoint "
                                           "before the overflows began and check the batches "
                                           "there"),
+    "gpu_spin": Finding(category="hang", confidence=0.5,
+                        root_cause="one GPU busy at 100% (with no memory traffic, where shown) "
+                                   "while the job's other GPUs idle: a kernel spinning, as a "
+                                   "collective does while it waits for a peer that never joins",
+                        action="dump every rank's stacks (py-spy dump, or "
+                               "TORCH_NCCL_DUMP_ON_TIMEOUT=1 with a collective timeout) and find "
+                               "the rank that did not reach the collective; rerun with "
+                               "NCCL_DEBUG=INFO"),
     "throughput_drift": Finding(category="straggler", confidence=0.5,
                                 root_cause="throughput drifted down over the run in the metric "
                                            "lines (a slowing node, thermal throttling, a leak, "

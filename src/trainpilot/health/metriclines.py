@@ -36,6 +36,16 @@ lower-cased chunks of one file, in order:
   the median of the first quarter (after the first ``DRIFT_SKIP`` warm-up points), with at least
   75 % of the last quarter's values worse than that first median (a drift, not noise).
 
+- **a GPU spinning while its peers idle** (an ``nvidia-smi`` snapshot in the log): a collective
+  kernel that waits on a peer spins on its SMs without touching memory, so ``nvidia-smi`` shows
+  that GPU at 100 % utilization while the GPUs that finished (or never reached) the collective
+  sit at 0 %. Read from the query form (``--query-gpu=...,utilization.gpu,utilization.memory``,
+  comma-separated or aligned by ``column -t``: a GPU at >= ``SPIN_BUSY`` % with memory
+  utilization <= ``SPIN_IDLE`` %, another GPU at <= ``SPIN_IDLE`` %) and from the default table
+  (the same utilization split, and every GPU of the snapshot holding at least ``SPIN_HELD_MIB``
+  of memory, so that the idle GPUs belong to the job: a single-GPU job on a shared node is not a
+  hang). A symptom (``hang``): the cause is whatever kept the peer away.
+
 Each finding is a line (number, text) with what it concludes; the diagnoser ranks it with the
 pattern matches (non-finite, spikes and loss-scale collapse: ``numerical``; drift: ``straggler``, a
 symptom).
@@ -54,6 +64,14 @@ from trainpilot.health.logscan import count_newlines
 SPIKE_RATIO, SPIKE_Z, SPIKE_WINDOW = 2.0, 8.0, 20
 OVERFLOW_STREAK, SKIP_CALIBRATION, SKIP_FRACTION, SKIP_MIN_STEPS, FLOOR_LINES = 3, 64, 0.5, 10, 2
 DRIFT_FRACTION, DRIFT_MIN_POINTS, DRIFT_SKIP, DRIFT_CONSISTENCY = 0.04, 80, 5, 0.75
+SPIN_BUSY, SPIN_IDLE, SPIN_HELD_MIB = 95.0, 5.0, 1024.0
+# nvidia-smi: the query form's header names the columns ("utilization.gpu [%]"); its rows carry
+# the percentages in the header's order. The default table's GPU rows end "| 100%  Default |"
+# (the compute mode follows GPU-Util) after "| 1234MiB / 81559MiB |".
+SMI_QUERY_HEADER = re.compile(rb"^[^\n]*utilization\.gpu[^\n]*$", re.M)
+SMI_PERCENT = re.compile(rb"(\d+(?:\.\d+)?)\s*%")
+SMI_TABLE_ROW = re.compile(rb"\|\s*(\d+)mib\s*/\s*\d+mib\s*\|\s*(\d+)%\s+(?:default|e\. process|"
+                           rb"exclusive_process|prohibited)")
 # An optional group is written ``(?:x|)``, not ``(?:x)?``: the same matches in the same order of
 # trial, but `re` runs a branch without the repeat bookkeeping ``?`` on a group costs, and LOSS
 # tries a match at every "loss" of a chunk (with the possessive runs below, half of LOSS's time;
@@ -115,7 +133,7 @@ _THROUGHPUT_LITERALS = (b"token", b"tok/s", b"tps", b"samples per second", b"(ms
 # Literals whose absence lets a chunk skip a rule. A caller that already runs a literal prefilter
 # over the chunk (the diagnoser's automaton) can say which of them it holds (``feed(present=)``)
 # instead of two more scans of 8 MB (10 % of a healthy chunk's time).
-PRESENCE_LITERALS = (b"overflow", b"skipped=")
+PRESENCE_LITERALS = (b"overflow", b"skipped=", b"utilization.gpu", b"gpu-util")
 _EVAL_BYTES = tuple(w.encode() for w in ("val", "eval", "valid", "test", "validation"))
 
 
@@ -200,9 +218,60 @@ def _locate(chunk, pos: int) -> tuple[int, str]:
     return line_no, chunk.line(start, end)
 
 
+def _spin_in_query(low: bytes) -> int | None:
+    """Offset of a spinning GPU's row in the query-form snapshots of ``low``, or None."""
+    for header in SMI_QUERY_HEADER.finditer(low):
+        fields = [f for f in re.split(rb",|\s{2,}|\t", header.group(0)) if b"[%]" in f]
+        names = [f.strip().split()[0] for f in fields]
+        if b"utilization.gpu" not in names:
+            continue
+        gpu_col = names.index(b"utilization.gpu")
+        mem_col = names.index(b"utilization.memory") if b"utilization.memory" in names else None
+        rows = []
+        pos = header.end() + 1
+        while pos < len(low):
+            end = low.find(b"\n", pos)
+            end = len(low) if end < 0 else end
+            values = SMI_PERCENT.findall(low, pos, end)
+            if len(values) != len(names):
+                break
+            rows.append((pos, float(values[gpu_col]),
+                         float(values[mem_col]) if mem_col is not None else None))
+            pos = end + 1
+        busy = [r for r in rows if r[1] >= SPIN_BUSY and r[2] is not None and r[2] <= SPIN_IDLE]
+        if busy and len(rows) >= 2 and any(r[1] <= SPIN_IDLE for r in rows):
+            return busy[0][0]
+    return None
+
+
+def _spin_in_table(low: bytes) -> int | None:
+    """Offset of a spinning GPU's row in a default-table snapshot of ``low``, or None: rows in
+    one snapshot are consecutive GPU rows (nothing but table rules and the per-GPU second lines
+    between them)."""
+    snapshot: list[tuple[int, float, float]] = []
+    last_end = -1
+    for m in SMI_TABLE_ROW.finditer(low):
+        between = low[last_end:m.start()] if last_end >= 0 else b""
+        if last_end >= 0 and between.count(b"\n") > 4:
+            hit = _spin_rows(snapshot)
+            if hit is not None:
+                return hit
+            snapshot = []
+        snapshot.append((m.start(), float(m.group(2)), float(m.group(1))))
+        last_end = m.end()
+    return _spin_rows(snapshot)
+
+
+def _spin_rows(rows: list[tuple[int, float, float]]) -> int | None:
+    if len(rows) < 2 or any(held < SPIN_HELD_MIB for _, _, held in rows):
+        return None
+    busy = [pos for pos, util, _ in rows if util >= SPIN_BUSY]
+    return busy[0] if busy and any(util <= SPIN_IDLE for _, util, _ in rows) else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class MetricFinding:
-    kind: str  # "non_finite", "loss_spike", "loss_scale_collapse", "throughput_drift"
+    kind: str  # "non_finite", "loss_spike", "loss_scale_collapse", "throughput_drift", "gpu_spin"
     line_no: int
     text: str
     detail: str
@@ -220,6 +289,7 @@ class MetricScanner:
     _spikes: list[MetricFinding] = field(default_factory=list)
     _last_line: dict[int, tuple[int, str]] = field(default_factory=dict)
     scale_collapse: MetricFinding | None = None
+    gpu_spin: MetricFinding | None = None
     _streak: int = 0
     _last_scale: float | None = None
     _last_progress: tuple[int, int] | None = None
@@ -248,6 +318,8 @@ class MetricScanner:
             self._other_nonfinite(chunk, [c for c in counts if c[0] == b"nan"], maybe_nonfinite)
         if self.scale_collapse is None:
             self._loss_scale(chunk, [c for c in counts if c[0] == b"skipped"], present)
+        if self.gpu_spin is None and (b"utilization.gpu" in present or b"gpu-util" in present):
+            self._spin(chunk, present)
         sample = low[:THROUGHPUT_SAMPLE_BYTES]
         for index, (regex, _) in enumerate(THROUGHPUT):
             found = regex.findall(sample) if _THROUGHPUT_LITERALS[index] in sample else []
@@ -392,9 +464,21 @@ class MetricScanner:
             return
 
     # ------------------------------------------------------------------ verdicts
+    def _spin(self, chunk, present) -> None:
+        pos = _spin_in_query(chunk.low) if b"utilization.gpu" in present else None
+        if pos is None and b"gpu-util" in present:
+            pos = _spin_in_table(chunk.low)
+        if pos is not None:
+            line, text = _locate(chunk, pos)
+            self.gpu_spin = MetricFinding(
+                kind="gpu_spin", line_no=line, text=text,
+                detail=f"nvidia-smi shows a GPU at >= {SPIN_BUSY:.0f}% utilization (line {line}) "
+                       f"while another of the job's GPUs sits at <= {SPIN_IDLE:.0f}%")
+
     def findings(self) -> list[MetricFinding]:
         out = [self.first_nonfinite] if self.first_nonfinite else []
         out += [self.scale_collapse] if self.scale_collapse else []
+        out += [self.gpu_spin] if self.gpu_spin else []
         out += self._spikes[:1]
         drift = self._drift()
         if drift:
