@@ -117,8 +117,9 @@ CALIBRATED_CURVES = ("a100", "h100")
 # What the held-out sources say about regimes the calibration did not cover (trainpilot
 # validate; docs/cost_model.md, "Validation"): kept in step with the committed results.
 HELD_OUT_NOTES = {
-    "fsdp": "PyTorch FSDP stacks: the held-out llm-foundry, torchtitan, KempnerForge and "
-            "fms-fsdp rows (269) err 13.0% on average, predicted 9.4% faster than measured "
+    "fsdp": "PyTorch stacks with sharded data parallelism (FSDP, ZeRO): the held-out "
+            "llm-foundry, torchtitan, KempnerForge, fms-fsdp, nanotron, Lightning Thunder and "
+            "Colossal-AI rows (289) err 14.9% on average, predicted 11.5% faster than measured "
             "(this model is optimistic there)",
     "moe": "MoE: the held-out MoE rows (98) err 22.5% on average and 85 of them are optimistic "
            "(GPT-OSS on Megatron-Core about 1.5x)",
