@@ -25,9 +25,9 @@ HELD_OUT_TARGET = 0.90
 # What CI gates on: a regression floor, not the target. Measured blind: batch 1 82 % (87 % once
 # two messages its issues named were added), batch 2 67 %, batch 3 60 %, batch 4 4/7 (9/14 over
 # the whole batch), batch 5 3/4 (6/7 over the whole batch), batch 6 2/3, batch 7 6/9 (12/17 over
-# the whole batch); pooled 81/103 = 79 % (no longer blind: patterns were added after earlier
-# batches were read).
-HELD_OUT_GATE = 0.72
+# the whole batch), batch 8 6/7 (12/14), batch 9 8/9 (13/17); pooled 95/119 = 80 % (no longer
+# blind: patterns were added after earlier batches were read).
+HELD_OUT_GATE = 0.75
 
 
 class _Strict(pydantic.BaseModel):
