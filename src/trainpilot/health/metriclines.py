@@ -44,7 +44,9 @@ lower-cased chunks of one file, in order:
   utilization <= ``SPIN_IDLE`` %, another GPU at <= ``SPIN_IDLE`` %) and from the default table
   (the same utilization split, and every GPU of the snapshot holding at least ``SPIN_HELD_MIB``
   of memory, so that the idle GPUs belong to the job: a single-GPU job on a shared node is not a
-  hang). A symptom (``hang``): the cause is whatever kept the peer away.
+  hang; or every GPU at 100 % while drawing at most ``SPIN_POWER_SHARE`` of its power cap, since
+  a spin-wait keeps a GPU "busy" at near-idle power where compute draws most of the cap). A
+  symptom (``hang``): the cause is whatever kept the peer away.
 
 Each finding is a line (number, text) with what it concludes; the diagnoser ranks it with the
 pattern matches (non-finite, spikes and loss-scale collapse: ``numerical``; drift: ``straggler``, a
@@ -64,14 +66,14 @@ from trainpilot.health.logscan import count_newlines
 SPIKE_RATIO, SPIKE_Z, SPIKE_WINDOW = 2.0, 8.0, 20
 OVERFLOW_STREAK, SKIP_CALIBRATION, SKIP_FRACTION, SKIP_MIN_STEPS, FLOOR_LINES = 3, 64, 0.5, 10, 2
 DRIFT_FRACTION, DRIFT_MIN_POINTS, DRIFT_SKIP, DRIFT_CONSISTENCY = 0.04, 80, 5, 0.75
-SPIN_BUSY, SPIN_IDLE, SPIN_HELD_MIB = 95.0, 5.0, 1024.0
+SPIN_BUSY, SPIN_IDLE, SPIN_HELD_MIB, SPIN_POWER_SHARE = 95.0, 5.0, 1024.0, 0.35
 # nvidia-smi: the query form's header names the columns ("utilization.gpu [%]"); its rows carry
 # the percentages in the header's order. The default table's GPU rows end "| 100%  Default |"
 # (the compute mode follows GPU-Util) after "| 1234MiB / 81559MiB |".
 SMI_QUERY_HEADER = re.compile(rb"^[^\n]*utilization\.gpu[^\n]*$", re.M)
 SMI_PERCENT = re.compile(rb"(\d+(?:\.\d+)?)\s*%")
-SMI_TABLE_ROW = re.compile(rb"\|\s*(\d+)mib\s*/\s*\d+mib\s*\|\s*(\d+)%\s+(?:default|e\. process|"
-                           rb"exclusive_process|prohibited)")
+SMI_TABLE_ROW = re.compile(rb"(?:(\d+)w\s*/\s*(\d+)w\s*|)\|\s*(\d+)mib\s*/\s*\d+mib\s*\|\s*(\d+)%\s+"
+                           rb"(?:default|e\. process|exclusive_process|prohibited)")
 # An optional group is written ``(?:x|)``, not ``(?:x)?``: the same matches in the same order of
 # trial, but `re` runs a branch without the repeat bookkeeping ``?`` on a group costs, and LOSS
 # tries a match at every "loss" of a chunk (with the possessive runs below, half of LOSS's time;
@@ -248,7 +250,7 @@ def _spin_in_table(low: bytes) -> int | None:
     """Offset of a spinning GPU's row in a default-table snapshot of ``low``, or None: rows in
     one snapshot are consecutive GPU rows (nothing but table rules and the per-GPU second lines
     between them)."""
-    snapshot: list[tuple[int, float, float]] = []
+    snapshot: list[tuple[int, float, float, float | None]] = []
     last_end = -1
     for m in SMI_TABLE_ROW.finditer(low):
         between = low[last_end:m.start()] if last_end >= 0 else b""
@@ -257,16 +259,24 @@ def _spin_in_table(low: bytes) -> int | None:
             if hit is not None:
                 return hit
             snapshot = []
-        snapshot.append((m.start(), float(m.group(2)), float(m.group(1))))
+        share = float(m.group(1)) / float(m.group(2)) if m.group(1) and float(m.group(2)) else None
+        snapshot.append((m.start(), float(m.group(4)), float(m.group(3)), share))
         last_end = m.end()
     return _spin_rows(snapshot)
 
 
-def _spin_rows(rows: list[tuple[int, float, float]]) -> int | None:
-    if len(rows) < 2 or any(held < SPIN_HELD_MIB for _, _, held in rows):
+def _spin_rows(rows: list[tuple[int, float, float, float | None]]) -> int | None:
+    """A spin in one table snapshot: every GPU holds the job's memory and either some are busy
+    while others idle, or all are busy at a power draw no compute runs at."""
+    if len(rows) < 2 or any(held < SPIN_HELD_MIB for _, _, held, _ in rows):
         return None
-    busy = [pos for pos, util, _ in rows if util >= SPIN_BUSY]
-    return busy[0] if busy and any(util <= SPIN_IDLE for _, util, _ in rows) else None
+    busy = [pos for pos, util, _, _ in rows if util >= SPIN_BUSY]
+    if busy and any(util <= SPIN_IDLE for _, util, _, _ in rows):
+        return busy[0]
+    if len(busy) == len(rows) and all(share is not None and share <= SPIN_POWER_SHARE
+                                      for _, _, _, share in rows):
+        return busy[0]
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
