@@ -129,6 +129,27 @@ def test_a_worse_curve_fails_the_gates():
     assert any(line.startswith("held-out dense") for line in failed)
 
 
+def test_a_source_subset_is_not_judged_by_the_pools_gates(held_out_results):
+    """`validate --source` shows chosen sources; the pooled and per-batch gates are about all
+    of their rows, so a subset above them (one bad source) is not a failure, while a
+    calibration source's own threshold still applies to it."""
+    def mean_error(dataset: str) -> float:
+        errors = [abs(r.error) for r in held_out_results
+                  if r.case.dataset == dataset and r.predicted is not None]
+        return sum(errors) / len(errors) if len(errors) >= 3 else 0.0
+
+    worst = max({r.case.dataset for r in held_out_results}, key=mean_error)
+    one = summarize([r for r in held_out_results if r.case.dataset == worst])
+    assert any(line.startswith("held-out") for line in failures(one))  # negative control
+    assert failures(one, subset=True) == []
+    cases = all_cases(find_vtrain=False)
+    slow = {name: c.replace(gemm_points=tuple((x, y / 2) for x, y in c.gemm_points))
+            for name, c in load_curves().items()}
+    papers = [c for c in cases if c.split == DEVELOPMENT]
+    assert any("narayanan2021" in line
+               for line in failures(summarize(run(papers, slow["a100"])), subset=True))
+
+
 @pytest.mark.skipif(not HAVE_VTRAIN, reason="vTrain measurements not present")
 def test_vtrain_rows_within_target():
     results = run([c for c in all_cases() if c.dataset.startswith("vtrain")])
