@@ -163,3 +163,36 @@ def test_the_library_comes_from_the_cluster_or_its_device_family():
     cluster = load_cluster("a100-80gb-x16")
     forced = cluster.replace(network=cluster.network.replace(collective_library="gloo"))
     assert Estimator(model, forced).net.library == "gloo"
+
+
+def test_interleaved_megatron_reduces_each_chunks_gradients_as_its_last_backward_ends():
+    """Megatron's interleaved schedule syncs a chunk's gradients after that chunk's last
+    micro-batch backward, so the step's reduction hides behind (1 + (v-1) min(m, p)) / v
+    micro-batch backwards, not one; without interleaving, or on another stack, one."""
+    from trainpilot.perf import dataparallel, estimator
+    from trainpilot.perf.dataparallel import grad_sync_window
+    from trainpilot.perf.estimator import Estimator, layout_of
+
+    assert grad_sync_window("megatron", 8, 6, 6) == pytest.approx((1 + 7 * 6) / 8)
+    assert grad_sync_window("megatron", 4, 8, 2) == pytest.approx((1 + 3 * 2) / 4)
+    assert grad_sync_window("megatron", 1, 8, 64) == 1.0
+    assert grad_sync_window("deepspeed", 8, 6, 6) == 1.0
+    # GPT-3 175B on 10,752 H100 as MLPerf v4.0 ran it: six micro-batches per replica.
+    model, cluster = load_model("gpt3-175b"), load_cluster("h100-sxm-x16384")
+    plan = Plan(tp=4, pp=6, vp=8, dp=448, micro_batch_size=1, global_batch_size=2688,
+                seq_len=2048, sequence_parallel=True, precision="fp8", idle_devices=16384 - 10752,
+                comm=dict(overlap=True, compression="bf16"),
+                runtime=dict(stack="megatron", tp_comm_overlap=True))
+
+    def tail(window) -> float:
+        original = estimator.grad_sync_window
+        estimator.grad_sync_window = window
+        try:
+            est = Estimator(model, cluster)
+            return est.evaluate(layout_of(model, plan, est.options)).stages[0].dp_tail_rs_s
+        finally:
+            estimator.grad_sync_window = original
+
+    chunked = tail(dataparallel.grad_sync_window)
+    one = tail(lambda *args: 1.0)  # negative control: the window of one micro-batch backward
+    assert 0 <= chunked < one

@@ -24,7 +24,9 @@ collective per wrapped unit (a decoder layer); DDP and Megatron's buffers use ``
 Each piece pays its collective's latency (``Network``: NCCL's tuner model).
 
 Overlap (``comm.overlap``): traffic hides behind the compute window it overlaps except the first
-or last piece, and slows the overlapped kernels by the device's ``overlap_slowdown``.
+or last piece, and slows the overlapped kernels by the device's ``overlap_slowdown``. The window
+of the step's gradient reduction is the last micro-batch's backward, except under Megatron's
+interleaved schedule (``grad_sync_window``).
 """
 
 from __future__ import annotations
@@ -132,6 +134,22 @@ def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
                        replicate_s=replicate, tied_s=tied)
     return Traffic(mb_fwd_s=ag, mb_bwd_s=ag + rs, mb_edge_s=edge_ag, replicate_s=replicate,
                    tied_s=tied)
+
+
+def grad_sync_window(stack: str, vp: int, pp: int, micro_batches: int) -> float:
+    """The step's gradient-reduction window in micro-batch backwards of the stage. Megatron's
+    interleaved schedule (``forward_backward_pipelining_with_interleaving``) calls its
+    ``grad_sync_func`` for a model chunk as soon as that chunk's last micro-batch backward is
+    done, and Apex's distributed Adam (NeMo 1) launches a bucket's reduction from the gradient
+    hook of that same last backward, so the first chunk to finish reduces while the other
+    ``v - 1`` chunks run the backwards of the final group of ``min(m, p)`` micro-batches: a
+    window of ``(1 + (v - 1) min(m, p)) / v`` micro-batch backwards. Without interleaving
+    (``vp`` 1) and on other stacks, one: the last micro-batch's backward. The parameter
+    all-gather keeps one micro-batch forward: a chunk's parameters are needed at its first
+    forward, which the schedule reaches within the first micro-batch's forward of all chunks."""
+    if stack != "megatron" or vp <= 1:
+        return 1.0
+    return (1 + (vp - 1) * min(micro_batches, pp)) / vp
 
 
 def exposed(comm: float, window: float, edge: float, *, overlap: bool, slowdown: float) -> float:

@@ -17,7 +17,7 @@ for 1F1B, only the fill and drain's ``2 (p - 1)`` when interleaved (overlapped p
 
 from __future__ import annotations
 
-from trainpilot.perf.dataparallel import Traffic, exposed, per_unit, traffic
+from trainpilot.perf.dataparallel import Traffic, exposed, grad_sync_window, per_unit, traffic
 from trainpilot.perf.flops import hardware_flops_per_token, model_flops_per_token
 from trainpilot.perf.group import Group
 from trainpilot.perf.hardware import Device, curve_for, device_model
@@ -382,7 +382,9 @@ class Estimator:
         ov, sigma = lay.overlap, dev.curve.overlap_slowdown
         st.fsdp_fwd_s = exposed(tr.mb_fwd_s, st.fwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
         st.fsdp_bwd_s = exposed(tr.mb_bwd_s, st.bwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
-        st.dp_tail_rs_s = exposed(tr.step_grad_s, st.bwd_s, tr.step_grad_edge_s, overlap=ov,
+        window = st.bwd_s * grad_sync_window(lay.rt.stack, lay.vp, lay.pp,
+                                             lay.num_micro_batches)
+        st.dp_tail_rs_s = exposed(tr.step_grad_s, window, tr.step_grad_edge_s, overlap=ov,
                                   slowdown=sigma) + \
             exposed(tr.replicate_s, st.bwd_s, tr.replicate_s, overlap=ov, slowdown=sigma) + \
             tr.tied_s
