@@ -212,8 +212,7 @@ METRIC_FINDINGS = {
                                           "before the overflows began and check the batches "
                                           "there"),
     "gpu_spin": Finding(category="hang", confidence=0.5,
-                        root_cause="one GPU busy at 100% (with no memory traffic, where shown) "
-                                   "while the job's other GPUs idle: a kernel spinning, as a "
+                        root_cause="GPUs 'busy' without doing work: a kernel spinning, as a "
                                    "collective does while it waits for a peer that never joins",
                         action="dump every rank's stacks (py-spy dump, or "
                                "TORCH_NCCL_DUMP_ON_TIMEOUT=1 with a collective timeout) and find "

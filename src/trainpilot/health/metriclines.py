@@ -220,8 +220,15 @@ def _locate(chunk, pos: int) -> tuple[int, str]:
     return line_no, chunk.line(start, end)
 
 
-def _spin_in_query(low: bytes) -> int | None:
-    """Offset of a spinning GPU's row in the query-form snapshots of ``low``, or None."""
+_SPLIT = (f"a GPU at >= {SPIN_BUSY:.0f}% utilization while another of the job's GPUs sits at "
+          f"<= {SPIN_IDLE:.0f}%")
+_LOW_POWER = (f"every GPU of the job at >= {SPIN_BUSY:.0f}% utilization on at most "
+              f"{100 * SPIN_POWER_SHARE:.0f}% of its power cap")
+
+
+def _spin_in_query(low: bytes) -> tuple[int, str] | None:
+    """(offset of a spinning GPU's row, what shows it) in the query-form snapshots of ``low``,
+    or None."""
     for header in SMI_QUERY_HEADER.finditer(low):
         fields = [f for f in re.split(rb",|\s{2,}|\t", header.group(0)) if b"[%]" in f]
         names = [f.strip().split()[0] for f in fields]
@@ -242,14 +249,14 @@ def _spin_in_query(low: bytes) -> int | None:
             pos = end + 1
         busy = [r for r in rows if r[1] >= SPIN_BUSY and r[2] is not None and r[2] <= SPIN_IDLE]
         if busy and len(rows) >= 2 and any(r[1] <= SPIN_IDLE for r in rows):
-            return busy[0][0]
+            return busy[0][0], _SPLIT
     return None
 
 
-def _spin_in_table(low: bytes) -> int | None:
-    """Offset of a spinning GPU's row in a default-table snapshot of ``low``, or None: rows in
-    one snapshot are consecutive GPU rows (nothing but table rules and the per-GPU second lines
-    between them)."""
+def _spin_in_table(low: bytes) -> tuple[int, str] | None:
+    """(offset of a spinning GPU's row, what shows it) in a default-table snapshot of ``low``,
+    or None: rows in one snapshot are consecutive GPU rows (nothing but table rules and the
+    per-GPU second lines between them)."""
     snapshot: list[tuple[int, float, float, float | None]] = []
     last_end = -1
     for m in SMI_TABLE_ROW.finditer(low):
@@ -265,17 +272,17 @@ def _spin_in_table(low: bytes) -> int | None:
     return _spin_rows(snapshot)
 
 
-def _spin_rows(rows: list[tuple[int, float, float, float | None]]) -> int | None:
+def _spin_rows(rows: list[tuple[int, float, float, float | None]]) -> tuple[int, str] | None:
     """A spin in one table snapshot: every GPU holds the job's memory and either some are busy
     while others idle, or all are busy at a power draw no compute runs at."""
     if len(rows) < 2 or any(held < SPIN_HELD_MIB for _, _, held, _ in rows):
         return None
     busy = [pos for pos, util, _, _ in rows if util >= SPIN_BUSY]
     if busy and any(util <= SPIN_IDLE for _, util, _, _ in rows):
-        return busy[0]
+        return busy[0], _SPLIT
     if len(busy) == len(rows) and all(share is not None and share <= SPIN_POWER_SHARE
                                       for _, _, _, share in rows):
-        return busy[0]
+        return busy[0], _LOW_POWER
     return None
 
 
@@ -475,15 +482,13 @@ class MetricScanner:
 
     # ------------------------------------------------------------------ verdicts
     def _spin(self, chunk, present) -> None:
-        pos = _spin_in_query(chunk.low) if b"utilization.gpu" in present else None
-        if pos is None and b"gpu-util" in present:
-            pos = _spin_in_table(chunk.low)
-        if pos is not None:
-            line, text = _locate(chunk, pos)
-            self.gpu_spin = MetricFinding(
-                kind="gpu_spin", line_no=line, text=text,
-                detail=f"nvidia-smi shows a GPU at >= {SPIN_BUSY:.0f}% utilization (line {line}) "
-                       f"while another of the job's GPUs sits at <= {SPIN_IDLE:.0f}%")
+        hit = _spin_in_query(chunk.low) if b"utilization.gpu" in present else None
+        if hit is None and b"gpu-util" in present:
+            hit = _spin_in_table(chunk.low)
+        if hit is not None:
+            line, text = _locate(chunk, hit[0])
+            self.gpu_spin = MetricFinding(kind="gpu_spin", line_no=line, text=text,
+                                          detail=f"nvidia-smi (line {line}) shows {hit[1]}")
 
     def findings(self) -> list[MetricFinding]:
         out = [self.first_nonfinite] if self.first_nonfinite else []
