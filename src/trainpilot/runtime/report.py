@@ -12,9 +12,10 @@ def summary_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     mesh = " ".join(f"{k}={v}" for k, v in layout.get("mesh", {}).items())
     rows = [("layout", f"{layout.get('world_size')} ranks on {layout.get('backend')} ({mesh})"),
             ("autocast", str(summary.get("autocast", "")))]
-    if "first_loss" not in summary:
+    if "last_loss" not in summary:
         # Resumed from a checkpoint at the last step (a stop signal that came after it): no
-        # step ran, so there are no losses or timings to report.
+        # step ran, so there are no losses or timings to report (the run's first loss, which
+        # the rank reads back from the run store, may still be there).
         return [*rows, ("steps", "none trained by this command: the run had already reached "
                                  "its last step")]
     rows += [("steps", str(summary.get("steps"))),
