@@ -70,7 +70,6 @@ class Runtime:
     capacity_factor: float | None = None  # None: dropless
     fp8_recipe: str = "delayed"  # Plan.fp8_recipe: how FP8 GEMM inputs are scaled
     fp8_param_gather: bool = False  # Plan.fp8_param_gather: weights all-gathered in 8 bits
-    param_gather_bytes: float = 2.0  # bytes per parameter of the data-parallel all-gather
     graph_scope: frozenset[str] = frozenset()  # CUDA-graph scopes (Megatron's names)
 
     def graphed(self, scope: str) -> bool:
@@ -105,6 +104,14 @@ class Runtime:
         return self.stack == "megatron" and self.fp8_recipe == "delayed"
 
     @property
+    def param_gather_bytes(self) -> float:
+        """Bytes per parameter of the data-parallel parameter all-gather: the 16-bit weights, or
+        their 8-bit copies under ``fp8_param_gather``, except MXFP8, whose Megatron path gathers
+        16-bit values into the gradient buffer and quantizes after the gather (Megatron-LM
+        ``reuse_grad_buf_for_mxfp8_param_ag``, !3415: "cast from bf16 to MXFP8 during copy")."""
+        return 1.0 if self.fp8_param_gather and self.fp8_recipe != "mxfp8" else 2.0
+
+    @property
     def weight_cast_per_pass(self) -> bool:
         """Whether FP8 weights are quantized in every forward and backward (torchao's
         Float8Linear, the PyTorch stacks' FP8) rather than once per step (Transformer Engine's
@@ -130,16 +137,6 @@ def grad_bytes(plan: Plan) -> int:
     return 2 if plan.precision == "fp16" else 4
 
 
-def param_gather_bytes(plan: Plan) -> float:
-    """Bytes per parameter of the data-parallel parameter all-gather: the 16-bit weights, or
-    their 8-bit copies under ``fp8_param_gather``, except MXFP8, whose Megatron path gathers
-    16-bit values into the gradient buffer and quantizes after the gather (Megatron-LM
-    ``reuse_grad_buf_for_mxfp8_param_ag``, !3415: "cast from bf16 to MXFP8 during copy")."""
-    if plan.precision == "fp8" and plan.fp8_param_gather and plan.fp8_recipe != "mxfp8":
-        return 1.0
-    return 2.0
-
-
 def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
     """The plan's runtime for ``model``; non-None ``CostOptions`` fields override it."""
     prof = plan.runtime
@@ -153,8 +150,7 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         attention_kernel=str(prof.resolved("attention_kernel")),
         expert_gemm=str(prof.resolved("expert_gemm")),
         capacity_factor=prof.moe_capacity_factor, fp8_recipe=plan.fp8_recipe,
-        fp8_param_gather=plan.precision == "fp8" and plan.fp8_param_gather,
-        param_gather_bytes=param_gather_bytes(plan),
+        fp8_param_gather=plan.fp8_param_gather,  # Plan refuses it without precision fp8
         graph_scope=frozenset(prof.cuda_graph_scope),
     )
     if options is not None:
