@@ -8,7 +8,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -17,18 +16,22 @@ from pathlib import Path
 from typing import Any
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def rendezvous(folder: Path, name: str = "group") -> str:
+    """A file for one process group's rendezvous (one per group: a file store is not reusable).
+    A file, not a TCP port: a port picked free and bound later can be taken in between (CI saw
+    EADDRINUSE when a test rebuilt its group on a port reserved minutes before)."""
+    path = Path(folder) / f"{name}.rendezvous"
+    assert not path.exists(), f"rendezvous file {path} already used"
+    return str(path)
 
 
-def init_gloo(rank: int, world_size: int, port: int, *, timeout_s: float = 60) -> None:
+def init_gloo(rank: int, world_size: int, rendezvous_file: str, *,
+              timeout_s: float = 60) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous_file}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=timeout_s))
 
 

@@ -14,13 +14,13 @@ from tests.checkpoint import dist_util
 from tests.checkpoint.tiny import trained
 
 
-def rank_main(rank: int, port: int, root: str) -> dict:
+def rank_main(rank: int, rendezvous: str, root: str) -> dict:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     from trainpilot.runtime.checkpoint import CheckpointConfig, Checkpointer, checkpointer
 
-    dist_util.init_gloo(rank, 1, port, timeout_s=30)
+    dist_util.init_gloo(rank, 1, rendezvous, timeout_s=30)
     held, entered = threading.Event(), threading.Event()
     calls: list[tuple[int, bool]] = []  # (step, on the checkpointer's current group)
     real_writer, real_save = checkpointer.CheckpointWriter, dcp.save
@@ -65,7 +65,7 @@ def rank_main(rank: int, port: int, root: str) -> dict:
 def test_a_save_abandoned_by_rebind_never_runs_on_the_new_group(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    proc = dist_util.start(rank_main, 0, out, dist_util.free_port(), str(tmp_path / "ckpt"),
+    proc = dist_util.start(rank_main, 0, out, dist_util.rendezvous(tmp_path), str(tmp_path / "ckpt"),
                            hang_dump_s=60)
     assert dist_util.join_all([proc], deadline_s=90) == [0]
     result = dist_util.results(out, ["rank0"])["rank0"]

@@ -29,7 +29,7 @@ SPEC = "crash:rank=1,step=5;crash:rank=1,step=8;crash:rank=2,step=8"
 WORLD = 3
 
 
-def rank_main(rank: int, ports: list[int], gen: int, root: str, journal: str, out: str) -> dict:
+def rank_main(rank: int, rendezvous: list[str], gen: int, root: str, journal: str, out: str) -> dict:
     """One process, from generation ``gen`` (0: original, 1-2: replacement) to the end."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -40,7 +40,7 @@ def rank_main(rank: int, ports: list[int], gen: int, root: str, journal: str, ou
     faults = FaultInjector(SPEC, journal_path=journal)
     ckpt, reference, step = None, {}, 0
     while True:
-        dist_util.init_gloo(rank, WORLD, ports[gen], timeout_s=30)
+        dist_util.init_gloo(rank, WORLD, rendezvous[gen], timeout_s=30)
         mesh = init_device_mesh("cpu", (WORLD,))
         model, opt = build(mesh, seed=100 + gen)
         if ckpt is None:
@@ -89,11 +89,11 @@ def test_replacement_restores_from_peer_memory_then_storage(tmp_path):
     import torch.distributed.checkpoint  # noqa: F401 (import once, before forking)
     import torch.distributed.fsdp  # noqa: F401
 
-    ports = [dist_util.free_port() for _ in range(3)]
+    rendezvous = [dist_util.rendezvous(tmp_path, f"gen{gen}") for gen in range(3)]
     args = (str(tmp_path / "ckpt"), str(tmp_path / "faults.jsonl"), str(tmp_path))
 
     def launch(rank: int, gen: int):
-        return dist_util.start(rank_main, rank, tmp_path, ports, gen, *args,
+        return dist_util.start(rank_main, rank, tmp_path, rendezvous, gen, *args,
                                label=f"r{rank}g{gen}", hang_dump_s=140)
 
     procs = {f"r{r}g0": launch(r, 0) for r in range(WORLD)}

@@ -68,10 +68,10 @@ def full(value):
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
-def worker(rank: int, port: int, root: str, journal: str) -> dict:
+def worker(rank: int, rendezvous: str, root: str, journal: str) -> dict:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    dist_util.init_gloo(rank, 4, port)
+    dist_util.init_gloo(rank, 4, rendezvous)
     out: dict = {}
     mesh4 = init_device_mesh("cpu", (4,))
     model, opt = build(mesh4, seed=0)
@@ -134,8 +134,7 @@ def test_reshard_4_2_4_bit_exact(tmp_path):
     import torch.distributed.checkpoint  # noqa: F401 (import once, before forking)
     import torch.distributed.fsdp  # noqa: F401
 
-    port = dist_util.free_port()
-    args = (port, str(tmp_path / "ckpt"), str(tmp_path / "faults.jsonl"))
+    args = (dist_util.rendezvous(tmp_path), str(tmp_path / "ckpt"), str(tmp_path / "faults.jsonl"))
     procs = [dist_util.start(worker, r, tmp_path, *args, hang_dump_s=100) for r in range(4)]
     codes = dist_util.join_all(procs, deadline_s=110)
     res = dist_util.results(tmp_path, [f"rank{r}" for r in range(4)])
