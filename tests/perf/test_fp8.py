@@ -257,3 +257,58 @@ def test_megatron_export_passes_fp8_param_gather_and_needs_the_distributed_optim
         megatron_export(Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8",
                              zero=0, fp8_param_gather=True), model)
     assert str(info.value).startswith("plan.fp8_param_gather: ")
+
+
+def _fp8_search(**kw):
+    from trainpilot.plan import search
+    from trainpilot.specs import RuntimeProfile, load_cluster
+
+    runtime = RuntimeProfile.model_validate(dict(stack=kw.pop("stack", "megatron")))
+    return search(load_model("llama3-8b"), load_cluster("h100-sxm-x16"), global_batch_size=128,
+                  seq_len=8192, top=3, runtime=runtime, **kw)
+
+
+def test_search_sets_fp8_param_gather_on_megatron_plans_that_shard_parameters():
+    """Megatron's FP8 runs all-gather 8-bit parameters (--fp8-param-gather); the search used to
+    rank FP8 plans with 16-bit gathers and export them without the flag."""
+    found = _fp8_search(precision="fp8", fp8_recipe="current")
+    assert found.plans, "an fp8 plan fits"
+    for cand in found.plans:
+        assert cand.plan.fp8_recipe == "current"  # the recipe reaches the plan (was: delayed)
+        assert cand.plan.fp8_param_gather == (cand.plan.zero >= 1)
+    sharded = [c for c in found.plans if c.plan.zero >= 1]
+    assert sharded, "a plan with the distributed optimizer ranks in the top 3"
+    # Negative control: the flag turned off prices the same plan's gather in 16 bits.
+    off = _fp8_search(precision="fp8", fp8_recipe="current", fp8_param_gather=False)
+    assert all(not c.plan.fp8_param_gather for c in off.plans)
+    plan = sharded[0].plan
+    slower = predict(load_model("llama3-8b"), load_cluster("h100-sxm-x16"),
+                     plan.model_copy(update=dict(fp8_param_gather=False)))
+    assert slower.breakdown_s["dp_comm_exposed"] > sharded[0].prediction.breakdown_s[
+        "dp_comm_exposed"]
+    # bf16 and stacks without the flag never get it unasked.
+    assert not any(c.plan.fp8_param_gather for c in _fp8_search(precision="bf16").plans)
+    assert not any(c.plan.fp8_param_gather
+                   for c in _fp8_search(precision="fp8", stack="pytorch").plans)
+
+
+def test_search_with_torchao_float8_all_gather_keeps_to_fsdp_plans():
+    found = _fp8_search(precision="fp8", fp8_recipe="current", fp8_param_gather=True,
+                        stack="pytorch")
+    assert found.plans and all(c.plan.zero >= 1 and c.plan.fp8_param_gather
+                               for c in found.plans)
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--precision", "fp8", "--fp8-recipe", "rowwise", "--fp8-param-gather"],
+     "plan.fp8_param_gather"),
+    (["--fp8-recipe", "current"], "--fp8-recipe"),
+    (["--no-fp8-param-gather"], "--fp8-param-gather"),
+])
+def test_plan_cli_refuses_fp8_flags_that_cannot_apply(argv, field, capsys):
+    from trainpilot.cli.main import main
+
+    code = main(["plan", "--model", "llama3-8b", "--cluster", "h100-sxm-x16",
+                 "--global-batch-size", "128", "--seq-len", "8192", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {field}: ") and err.count("\n") == 1, err

@@ -44,6 +44,14 @@ def register(subparsers) -> None:
                         help="share of device memory kept free (default 0.1)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp8"],
                         help="training precision (default bf16)")
+    parser.add_argument("--fp8-recipe", default=None,
+                        choices=["delayed", "current", "mxfp8", "blockwise", "rowwise"],
+                        help="with --precision fp8: how FP8 inputs are scaled (default delayed)")
+    parser.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction,
+                        default=None,
+                        help="with --precision fp8: all-gather parameters in 8 bits on plans "
+                             "that shard them (default: on where the stack caches its FP8 "
+                             "weights, as Megatron's --fp8-param-gather)")
     parser.add_argument("--no-flash-attention", action="store_true",
                         help="assume unfused attention (s^2 scores in memory)")
     parser.add_argument("--runtime", default=None, metavar="PROFILE",
@@ -87,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--pick", args.pick, "needs --export")
     if args.pick < 1:
         raise SpecError("--pick", args.pick, "valid: 1 (the best) or more")
+    for flag, value in (("--fp8-recipe", args.fp8_recipe),
+                        ("--fp8-param-gather", args.fp8_param_gather)):
+        if value is not None and args.precision != "fp8":
+            raise SpecError(flag, value, f"applies to --precision fp8 only (got "
+                                         f"{args.precision})")
     model, cluster = load_model(args.model), load_cluster(args.cluster)
     options = CostOptions(flash_attention=False if args.no_flash_attention else None)
     space, runtime = _space(args), _runtime(args.runtime)
@@ -94,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
                         spinner="dots") if not args.json else _null():
         result = search(model, cluster, global_batch_size=args.global_batch_size,
                         seq_len=args.seq_len, top=max(args.top, args.pick),
-                        headroom=args.headroom, precision=args.precision, options=options,
+                        headroom=args.headroom, precision=args.precision,
+                        fp8_recipe=args.fp8_recipe or "delayed",
+                        fp8_param_gather=args.fp8_param_gather, options=options,
                         space=space, runtime=runtime)
     if not result:
         return _no_plan(result, args.json)

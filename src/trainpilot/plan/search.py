@@ -15,7 +15,7 @@ import heapq
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from trainpilot.perf import CostOptions, Estimator, Layout, Prediction, predict
@@ -32,6 +32,7 @@ from trainpilot.plan.space import (
     tp_options,
 )
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, RuntimeProfile, SpecError
+from trainpilot.specs.loading import validate
 from trainpilot.specs.plan import PRECISIONS, PpSchedule, Precision, Recompute, ZeroStage
 
 GIB = 2.0**30
@@ -128,13 +129,19 @@ class SearchResult(Sequence):
 
 def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, seq_len: int,
            top: int = 5, headroom: float = 0.1, precision: str = "bf16",
+           fp8_recipe: str = "delayed", fp8_param_gather: bool | None = None,
            space: SearchSpace | None = None, options: CostOptions | None = None,
            runtime: RuntimeProfile | None = None) -> SearchResult:
     """Rank every valid layout of ``model`` on all of ``cluster`` by predicted tokens/s among
     those whose peak memory fits in ``(1 - headroom)`` of the device's HBM.
 
-    ``global_batch_size`` is in sequences of ``seq_len`` tokens. Raises SpecError for bad
-    arguments (a batch no layout can split, a precision the device lacks)."""
+    ``global_batch_size`` is in sequences of ``seq_len`` tokens. Under precision fp8,
+    ``fp8_recipe`` is the Plan's scaling recipe and ``fp8_param_gather`` its FP8 parameter
+    all-gather, set on the plans that shard parameters (ZeRO >= 1); None: on for the megatron
+    stack (its --fp8-param-gather, with Transformer Engine's weight cache: it halves the gather
+    and costs neither time nor memory), off elsewhere (torchao's float8 all-gather is asked
+    for explicitly: it changes the per-pass weight casts, and only FSDP applies it). Raises
+    SpecError for bad arguments (a batch no layout can split, a precision the device lacks)."""
     start = time.perf_counter()
     space = space or SearchSpace()
     _check_args(model, cluster, global_batch_size, seq_len, top, headroom, precision)
@@ -142,9 +149,20 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     est = Estimator(model, cluster, options)
     limit = est.device(precision).hbm_bytes * (1.0 - headroom)
     runtime = runtime or RuntimeProfile()
-    template = Plan(global_batch_size=global_batch_size, seq_len=seq_len,
-                    precision=plan_precision, runtime=runtime)
+    template = validate(Plan, dict(global_batch_size=global_batch_size, seq_len=seq_len,
+                                   precision=plan_precision, runtime=runtime,
+                                   fp8_recipe=fp8_recipe if plan_precision == "fp8"
+                                   else "delayed"), doc="plan")
     rt = resolve(model, template, est.options)
+    gather = fp8_param_gather
+    if gather is None:
+        gather = plan_precision == "fp8" and rt.stack == "megatron"
+    if gather:
+        template = validate(Plan, {**template.model_dump(), "fp8_param_gather": True},
+                            doc="plan")  # the Plan's own checks: precision, recipe, stack
+        rt = resolve(model, template, est.options)
+        if rt.weight_cast_per_pass:  # the gathered FP8 weight exists only where FSDP gathers
+            space = replace(space, zero=tuple(z for z in space.zero if z >= 1) or (1,))
     entries, walks = [], []
     for idle in idle_options(cluster, space):
         walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit,
@@ -546,6 +564,8 @@ def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = 
                 recompute=cast(Recompute, lay.recompute),
                 sequence_parallel=lay.sequence_parallel,
                 precision=cast(Precision, lay.precision),
+                fp8_recipe=cast(Any, lay.rt.fp8_recipe) if lay.precision == "fp8" else "delayed",
+                fp8_param_gather=lay.rt.fp8_param_gather and lay.zero >= 1,
                 pp_schedule=cast(PpSchedule, lay.schedule), pp_first_stage_layers=first,
                 pp_last_stage_layers=last, runtime=runtime or RuntimeProfile(), etp=lay.etp,
                 idle_devices=idle_devices)
