@@ -506,3 +506,25 @@ def test_every_gpu_busy_at_idle_power_is_a_spin_and_at_full_power_is_work():
     assert DIAGNOSER.diagnose_texts({"smi.txt": spinning}).category == "hang"
     working = _smi_table([(100, 60000)] * 4, watts=330)  # negative control
     assert DIAGNOSER.diagnose_texts({"smi.txt": working}).category == "unknown"
+
+
+@pytest.mark.parametrize("line, category", [
+    # Horovod's coordinator (controller.cc ConstructResponse), two of its forms.
+    ("[1,2]<stderr>:tensorflow.python.framework.errors_impl.FailedPreconditionError: Mismatched "
+     "ALLREDUCE CPU/GPU device selection: One rank specified device GPU, but another rank "
+     "specified device CPU.", "collective_mismatch"),
+    ("horovod.common.exceptions.HorovodInternalError: Mismatched ALLGATHER tensor shapes: One rank "
+     "sent a tensor with dimension 1 equal to 10, but another rank sent a tensor with dimension 1 "
+     "equal to 12.", "collective_mismatch"),
+    # Negative control: "Mismatched" in a checkpoint load is not a collective.
+    ("WARNING: Mismatched keys in state_dict: One rank file missing 'lm_head.weight'", "unknown"),
+    # UCX's mlx5 completion errors (ib_mlx5_log.c), old and new line forms.
+    ("ib_mlx5_log.c:132  Transport retry count exceeded on mlx5_0:1/IB (synd 0x15 vend 0x81 "
+     "hw_synd 0/0)", "network"),
+    ("[1733412345.123456] [node7:4127:0] ib_mlx5_log.c:179 UCX ERROR Error on QP 0x1a2b wqe[17]: "
+     "Remote access (synd 0x13 vend 0x88) opcode RDMA_READ", "network"),
+    # Negative control: a configuration print of the retry count is not a failure.
+    ("UCX_RC_RETRY_COUNT=7  # transport retry count", "unknown"),
+])
+def test_horovod_mismatch_and_ucx_completion_errors(line, category):
+    assert DIAGNOSER.diagnose_texts({"rank.log": line + "\n"}).category == category
