@@ -528,3 +528,12 @@ def test_every_gpu_busy_at_idle_power_is_a_spin_and_at_full_power_is_work():
 ])
 def test_horovod_mismatch_and_ucx_completion_errors(line, category):
     assert DIAGNOSER.diagnose_texts({"rank.log": line + "\n"}).category == category
+
+
+def test_speechbrain_stops_on_a_non_finite_loss_and_early_stopping_is_not_one():
+    stop = ("ValueError: Loss is not finite and patience is exhausted. To debug, wrap `fit()` with "
+            "autograd's `detect_anomaly()`, e.g.\n")
+    assert DIAGNOSER.diagnose_texts({"train.log": stop}).category == "numerical"
+    # Negative control: an early-stopping callback's patience running out is a healthy end.
+    healthy = "EarlyStopping: patience is exhausted after 5 epochs without improvement, stopping\n"
+    assert DIAGNOSER.diagnose_texts({"train.log": healthy}).category == "unknown"

@@ -25,8 +25,9 @@ HELD_OUT_TARGET = 0.90
 # What CI gates on: a regression floor, not the target. Measured blind: batch 1 82 % (87 % once
 # two messages its issues named were added), batch 2 67 %, batch 3 60 %, batch 4 4/7 (9/14 over
 # the whole batch), batch 5 3/4 (6/7 over the whole batch), batch 6 2/3, batch 7 6/9 (12/17 over
-# the whole batch), batch 8 6/7 (12/14), batch 9 8/9 (13/17), batch 10 4/8 (10/16); pooled
-# 100/127 = 79 % (no longer blind: patterns were added after earlier batches were read).
+# the whole batch), batch 8 6/7 (12/14), batch 9 8/9 (13/17), batch 10 4/8 (10/16), batch 11
+# 5/7 (11/14); pooled 105/134 = 78 % (no longer blind: patterns were added after earlier batches
+# were read).
 HELD_OUT_GATE = 0.75
 
 
