@@ -196,3 +196,55 @@ def test_interleaved_megatron_reduces_each_chunks_gradients_as_its_last_backward
     chunked = tail(dataparallel.grad_sync_window)
     one = tail(lambda *args: 1.0)  # negative control: the window of one micro-batch backward
     assert 0 <= chunked < one
+
+
+# The Ultra-Scale Playbook's own measurement of its cluster (nanotron_ultrascale_2503.yaml):
+# whole-node collectives, median bus bandwidth in GB/s by node count.
+HF_BUSBW = {"all_reduce": [[2, 361.7], [4, 160.1], [16, 84.7], [64, 32.9]],
+            "all_gather": [[2, 184.6], [4, 119.0], [16, 55.0], [64, 11.0]]}
+
+
+def _measured_cluster(nodes: int, busbw=HF_BUSBW):
+    from trainpilot.specs.cluster import ClusterSpec
+
+    data = load_cluster(f"h100-sxm-x{8 * nodes}").model_dump(mode="python")
+    data["network"]["measured_busbw"] = busbw
+    return ClusterSpec.model_validate(data)
+
+
+@pytest.mark.parametrize("nodes", [4, 16, 64])
+def test_a_measured_bus_bandwidth_caps_whole_node_collectives_at_what_was_measured(nodes):
+    size, n = 2**30, 8 * nodes
+    span = GroupSpan(size=n, per_node=8, nodes=nodes, racks=1)
+    measured = Network.of(_measured_cluster(nodes))
+    for kind, factor in (("all_reduce", 2.0), ("all_gather", 1.0)):
+        busbw = size / measured._collective(span, size, kind, False) * factor * (n - 1) / n
+        want = dict(HF_BUSBW[kind])[nodes] * 1e9
+        assert busbw == pytest.approx(want, rel=0.12), (kind, busbw / 1e9)
+    # Negative control: the same links without the measurement keep the preset's fabric.
+    preset = Network.of(load_cluster(f"h100-sxm-x{n}"))
+    plain = size / preset.all_reduce_s(span, size) * 2 * (n - 1) / n
+    assert plain > 250e9 and (nodes == 4 or plain > 2 * dict(HF_BUSBW["all_reduce"])[nodes] * 1e9)
+
+
+def test_a_measurement_never_speeds_a_tier_up_and_groups_use_their_own_nics():
+    # Measured faster than the links: the links still bound it.
+    fast = {"all_reduce": [[2, 5000.0], [64, 5000.0]]}
+    span = GroupSpan(size=128, per_node=2, nodes=64, racks=1)
+    base = Network.of(load_cluster("h100-sxm-x512")).all_reduce_s(span, 2**28)
+    assert Network.of(_measured_cluster(64, fast)).all_reduce_s(span, 2**28) == base
+    # A group with 2 members per node moves its share over 2 NICs at the measured per-NIC rate.
+    slow = Network.of(_measured_cluster(64)).all_reduce_s(span, 2**28)
+    assert slow > 5 * base
+
+
+def test_measured_node_counts_must_ascend():
+    from trainpilot.specs import SpecError
+    from trainpilot.specs.cluster import ClusterSpec
+    from trainpilot.specs.loading import validate
+
+    data = load_cluster("h100-sxm-x16").model_dump(mode="python")
+    data["network"]["measured_busbw"] = {"all_reduce": [[4, 160.0], [2, 361.0]]}
+    with pytest.raises(SpecError) as info:
+        validate(ClusterSpec, data, doc="cluster")
+    assert "measured_busbw.all_reduce" in str(info.value) and "\n" not in str(info.value)

@@ -119,7 +119,7 @@ CALIBRATED_CURVES = ("a100", "h100")
 HELD_OUT_NOTES = {
     "fsdp": "PyTorch stacks with sharded data parallelism (FSDP, ZeRO): the held-out "
             "llm-foundry, torchtitan, KempnerForge, fms-fsdp, nanotron, Lightning Thunder and "
-            "Colossal-AI rows (289) err 14.9% on average, predicted 11.5% faster than measured "
+            "Colossal-AI rows (289) err 13.3% on average, predicted 8.4% faster than measured "
             "(this model is optimistic there)",
     "moe": "MoE: the held-out MoE rows (98) err 22.5% on average and 85 of them are optimistic "
            "(GPT-OSS on Megatron-Core about 1.5x)",

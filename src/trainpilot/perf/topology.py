@@ -28,7 +28,7 @@ all-reduce (docs/comm.md); ``hierarchical`` is the runtime's staged all-reduce
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainpilot.perf.placement import GroupSpan, Placement  # noqa: F401 (re-exported)
 from trainpilot.specs import ClusterSpec, LinkSpec
@@ -56,6 +56,10 @@ class Network:
     rack_lat: float
     library: str = "nccl"
     algorithm: str = "auto"
+    # Measured bus bandwidth (ClusterSpec network.measured_busbw): per collective kind, the
+    # (nodes, bytes/s) points, and the node size they were measured with.
+    measured: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+    devices_per_node: int = 1
 
     @classmethod
     def of(cls, cluster: ClusterSpec, default_library: str = "nccl") -> Network:
@@ -67,14 +71,47 @@ class Network:
         ib, il = bw_lat(cluster.network.intra_node)
         nb, nl = bw_lat(cluster.network.inter_node)
         rb, rl = bw_lat(cluster.inter_rack)
+        found = cluster.network.measured_busbw
+        measured = tuple((kind, tuple((n, gb * 1e9) for n, gb in getattr(found, kind)))
+                         for kind in (AR, AG, RS) if found is not None and getattr(found, kind))
         return cls(ib, il, nb, nl, rb, rl,
-                   cluster.network.collective_library or default_library)
+                   cluster.network.collective_library or default_library,
+                   measured=measured, devices_per_node=cluster.devices_per_node)
 
     def with_algorithm(self, algorithm: str) -> Network:
         if algorithm == self.algorithm:
             return self
-        return Network(self.intra_bw, self.intra_lat, self.inter_bw, self.inter_lat,
-                       self.rack_bw, self.rack_lat, self.library, algorithm)
+        return replace(self, algorithm=algorithm)
+
+    def measured_bw(self, kind: str, nodes: int) -> float | None:
+        """The per-device bandwidth a measured bus bandwidth implies for a ``kind`` collective
+        over ``nodes`` nodes (None: not measured). One node: the bus bandwidth itself (a ring
+        inside a node moves ``(g-1)/g`` of the data over each device's link). N nodes of ``d``
+        devices, ``n = N d`` ranks: nccl-tests times ``S`` bytes in ``t = f S / busbw`` (``f =
+        2(n-1)/n`` for an all-reduce, ``(n-1)/n`` otherwise), which the ring's inter-node term
+        ``passes (N-1)/N S / (d bw)`` matches at ``bw = busbw ((N-1)/N) / (d (n-1)/n)``.
+        Between measured node counts the bus bandwidth is interpolated in log N."""
+        if not self.measured:
+            return None
+        points = dict(self.measured).get(kind)
+        if not points:
+            return None
+        if nodes <= 1:
+            return next((b for n, b in points if n == 1), None)
+        inter = [(n, b) for n, b in points if n >= 2]
+        if not inter:
+            return None
+        if nodes <= inter[0][0]:
+            busbw = inter[0][1]
+        elif nodes >= inter[-1][0]:
+            busbw = inter[-1][1]
+        else:
+            (n0, b0), (n1, b1) = next((a, b) for a, b in zip(inter, inter[1:]) if b[0] >= nodes)
+            w = math.log(nodes / n0) / math.log(n1 / n0)
+            busbw = math.exp(math.log(b0) + w * (math.log(b1) - math.log(b0)))
+        d = self.devices_per_node
+        n = nodes * d
+        return busbw * ((nodes - 1) / nodes) / (d * (n - 1) / n)
 
     @property
     def single_ring(self) -> bool:
@@ -113,17 +150,18 @@ class Network:
             return self._ring_s(span, num_bytes, 2.0 if kind == AR else 1.0, hierarchical)
         passes = 2.0 if kind == AR else 1.0
         g, nodes = span.per_node, span.nodes
-        intra = passes * (g - 1) / g * num_bytes / self.intra_bw if g > 1 else 0.0
+        intra_bw = min(self.intra_bw, self.measured_bw(kind, 1) or math.inf)
+        intra = passes * (g - 1) / g * num_bytes / intra_bw if g > 1 else 0.0
         inter = 0.0
+        bw = math.inf
         if nodes > 1:
-            bw, _ = self._outer(span)
+            bw = min(self._outer(span)[0], self.measured_bw(kind, nodes) or math.inf)
             inter = passes * (nodes - 1) / nodes * num_bytes / (g * bw)
         bw_term = intra + inter if hierarchical else max(intra, inter)
         best = math.inf
         if self.algorithm in ("auto", "ring") or kind != AR or nodes == 1:
             best = self._ring_best(span, kind, bw_term, num_bytes)
         if kind == AR and nodes > 1 and self.algorithm in ("auto", "tree"):
-            bw, _ = self._outer(span)
             tree_bw = max(intra, 2 * num_bytes / (g * bw)) if not hierarchical else \
                 intra + 2 * num_bytes / (g * bw)
             best = min(best, self._tree_best(span, tree_bw))

@@ -63,6 +63,32 @@ class LinkSpec(Spec):
         return self.gbytes_per_s * 1e9 * self.efficiency
 
 
+BusPoints = list[tuple[PositiveInt, PositiveFloat]]
+
+
+class MeasuredBusBandwidth(Spec):
+    """What the cluster's collectives were measured to deliver: nccl-tests bus bandwidth
+    (``busbw``, GB/s, large messages) of a communicator holding every device of each of N
+    nodes, as ``[[N, GB/s], ...]`` per collective, N ascending (1: one node, the intra-node
+    tier). The cost model caps each tier's per-device bandwidth at what the measurement implies
+    for a group spanning that many nodes (interpolated in log N, held at the ends), so a fabric
+    that degrades with scale (congestion, oversubscription, a cloud fabric) is priced as
+    measured; the link speeds still apply where they are lower."""
+
+    all_reduce: BusPoints = []
+    all_gather: BusPoints = []
+    reduce_scatter: BusPoints = []
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> MeasuredBusBandwidth:
+        for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+            nodes = [n for n, _ in getattr(self, kind)]
+            if any(b <= a for a, b in zip(nodes, nodes[1:])):
+                raise SpecError(kind, nodes,
+                                "node counts must be strictly ascending")
+        return self
+
+
 class NetworkSpec(Spec):
     intra_node: LinkSpec
     inter_node: LinkSpec
@@ -71,6 +97,8 @@ class NetworkSpec(Spec):
     # rail-aligned collectives vs gloo's single ring over all ranks). Default: the device
     # family's usual library (gloo for "cpu", NCCL otherwise).
     collective_library: Literal["nccl", "rccl", "hccl", "gloo"] | None = None
+    # Measured collective bandwidth by node count (nccl-tests), which caps the tiers above.
+    measured_busbw: MeasuredBusBandwidth | None = None
 
 
 class ClusterSpec(Spec):
