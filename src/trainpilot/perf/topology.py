@@ -16,7 +16,10 @@ scaled by the protocol's achievable share, for ring (all collectives: ``n-1`` st
 ``N-1`` of them crossing nodes) and tree (all-reduce only: ``2((g-1) intra + log2 N network)``
 hops, the whole buffer over each node's NICs up and down the tree), each with the LL, LL128 and
 Simple protocols. Its latency constants (microseconds) are NCCL's own measured defaults, not
-fitted here. ``comm.algorithm`` forces ring or tree (NCCL_ALGO).
+fitted here. ``comm.algorithm`` forces ring or tree (NCCL_ALGO). A cluster whose collectives
+were measured (``network.measured_busbw``: nccl-tests bus bandwidth of whole-node communicators
+by node count) has each tier capped at the per-device rate the measurement implies
+(``Network.measured_bw``), so a fabric that degrades with scale is priced as measured.
 
 Gloo (``collective_library: gloo``, the default for the ``cpu`` family) runs one ring over all
 ranks in rank order with no aggregation of a node's NICs: ``2(n-1) (alpha + S/(n B))`` for an
