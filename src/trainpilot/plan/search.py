@@ -149,20 +149,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, *, global_batch_size: int, se
     est = Estimator(model, cluster, options)
     limit = est.device(precision).hbm_bytes * (1.0 - headroom)
     runtime = runtime or RuntimeProfile()
+    fp8 = plan_precision == "fp8"
+    gather = fp8 and runtime.stack == "megatron" if fp8_param_gather is None \
+        else fp8_param_gather
+    # The Plan's own checks refuse a gather its precision, recipe or stack cannot do.
     template = validate(Plan, dict(global_batch_size=global_batch_size, seq_len=seq_len,
                                    precision=plan_precision, runtime=runtime,
-                                   fp8_recipe=fp8_recipe if plan_precision == "fp8"
-                                   else "delayed"), doc="plan")
+                                   fp8_recipe=fp8_recipe if fp8 else "delayed",
+                                   fp8_param_gather=gather), doc="plan")
     rt = resolve(model, template, est.options)
-    gather = fp8_param_gather
-    if gather is None:
-        gather = plan_precision == "fp8" and rt.stack == "megatron"
-    if gather:
-        template = validate(Plan, {**template.model_dump(), "fp8_param_gather": True},
-                            doc="plan")  # the Plan's own checks: precision, recipe, stack
-        rt = resolve(model, template, est.options)
-        if rt.weight_cast_per_pass:  # the gathered FP8 weight exists only where FSDP gathers
-            space = replace(space, zero=tuple(z for z in space.zero if z >= 1) or (1,))
+    if gather and rt.weight_cast_per_pass:  # the gathered FP8 weight exists where FSDP gathers
+        space = replace(space, zero=tuple(z for z in space.zero if z >= 1) or (1,))
     entries, walks = [], []
     for idle in idle_options(cluster, space):
         walk = _Walk(model, cluster, est, space, global_batch_size, seq_len, precision, limit,
@@ -564,7 +561,7 @@ def layout_plan(lay: Layout, model: ModelSpec, runtime: RuntimeProfile | None = 
                 recompute=cast(Recompute, lay.recompute),
                 sequence_parallel=lay.sequence_parallel,
                 precision=cast(Precision, lay.precision),
-                fp8_recipe=cast(Any, lay.rt.fp8_recipe) if lay.precision == "fp8" else "delayed",
+                fp8_recipe=cast(Any, lay.rt.fp8_recipe),  # "delayed" unless precision fp8
                 fp8_param_gather=lay.rt.fp8_param_gather and lay.zero >= 1,
                 pp_schedule=cast(PpSchedule, lay.schedule), pp_first_stage_layers=first,
                 pp_last_stage_layers=last, runtime=runtime or RuntimeProfile(), etp=lay.etp,
