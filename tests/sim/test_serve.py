@@ -393,3 +393,38 @@ def test_the_cli_takes_the_engine_s_memory_and_precision_fields():
         report.kv_capacity_tokens // (2048 + 1024))
     bad = run_cli(*base, "--kv-admission", "sometimes")
     assert bad.returncode == 2 and "--kv-admission" in bad.stderr
+
+
+def test_unmixed_batching_prefills_in_passes_of_their_own():
+    """An engine that does not mix prompt tokens into decode passes (vLLM's V0 engine with MLA,
+    SGLang without mixed chunks) pays one prefill pass per batch of prompts plus the decode
+    steps, as a static batch does, but admits on the running length as continuous batching
+    does; a mixed pass instead carries prompt rows into every decode step, which for MoE
+    touches more experts per step."""
+    ds, h200 = load_model("deepseek-v3"), load_cluster("h200-x8")
+    base = ServePlan(decode=InstanceLayout(tp=8), input_len=3200, output_len=800,
+                     weight_dtype="fp8", max_batch_size=4, kv_admission="current",
+                     runtime="triton-moe-2025")
+    unmixed = simulate_serve(ds, h200, base.replace(batching="unmixed"), EFF)
+    static = simulate_serve(ds, h200, base.replace(batching="static"), EFF)
+    mixed = simulate_serve(ds, h200, base, EFF)
+    assert set(unmixed.phases) == {"prefill", "decode"} and set(mixed.phases) == {"mixed"}
+    assert unmixed.output_tokens_per_s_per_instance == pytest.approx(
+        static.output_tokens_per_s_per_instance)
+    total = unmixed.phases["prefill"].total_s + 800 * unmixed.phases["decode"].total_s
+    assert unmixed.output_tokens_per_s_per_instance == pytest.approx(4 * 800 / total)
+    # Four decode rows touch ~12% of the experts; with four prompt rows each mixed in, ~47%.
+    assert unmixed.tpot_s < 0.7 * mixed.tpot_s
+    assert unmixed.output_tokens_per_s_per_instance > 1.3 * mixed.output_tokens_per_s_per_instance
+    # Admission on the running length, as continuous batching (a static batch reserves it all).
+    wide = base.replace(max_batch_size=None)
+    assert simulate_serve(ds, h200, wide.replace(batching="unmixed"), EFF).largest_batch == \
+        simulate_serve(ds, h200, wide, EFF).largest_batch > \
+        simulate_serve(ds, h200, wide.replace(batching="static"), EFF).largest_batch
+    cli = run_cli("simulate", "serve", "--model", "deepseek-v3", "--cluster", "h200-x8",
+                  "--plan", "decode.tp=8,input_len=3200,output_len=800,weight_dtype=fp8,"
+                  "max_batch_size=4,kv_admission=current,runtime=triton-moe-2025",
+                  "--batching", "unmixed", "--uncalibrated", "--json")
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["output_tokens_per_s_per_instance"] == pytest.approx(
+        unmixed.output_tokens_per_s_per_instance)

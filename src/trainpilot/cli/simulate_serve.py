@@ -25,7 +25,11 @@ def register_arguments(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=kind, help=text)
     g.add_argument("--weight-dtype", choices=["bf16", "fp16", "fp8", "fp4"])
     g.add_argument("--kv-dtype", choices=["bf16", "fp16", "fp8"])
-    g.add_argument("--batching", choices=["static", "continuous"])
+    g.add_argument("--batching", choices=["static", "continuous", "unmixed"],
+                   help="static: prefill a batch, decode it to the end; continuous: prompt "
+                        "tokens mixed into decode passes (chunked prefill); unmixed: prompts "
+                        "prefilled in passes of their own (vLLM V0 without chunked prefill, "
+                        "SGLang 0.4)")
     g.add_argument("--quantized-modules", choices=["all", "mlp"],
                    help="linear maps the weight dtype covers (mlp: Meta's Llama 3.1 FP8 "
                         "checkpoints, attention in 16-bit)")

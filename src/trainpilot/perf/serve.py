@@ -86,6 +86,12 @@ GEMM_KERNELS = {
                             latency_us=0.94),
     "cutlass-3.6": GemmKernels(fp8_efficiency=0.570, hbm_efficiency=0.656, overlap_loss=0.302,
                                latency_us=4.79),
+    # Least-squares fit (log time) to vLLM's Triton fused-MoE times for DeepSeek-V3's 256
+    # block-FP8 experts on H100 (sim/data/serve_moe_triton.yaml: top-8, 128 to 3,072 tokens,
+    # experts split 1-8 ways; refit: trainpilot.sim.serve_gemm.fit_moe_triton), mean |error|
+    # 11.2%; the routed experts' class only (ServeRuntime.moe_gemm_kernels).
+    "triton-moe-2025": GemmKernels(fp8_efficiency=0.0843, hbm_efficiency=0.391,
+                                   overlap_loss=0.642, latency_us=16.5),
 }
 TILE_ROWS = 64  # a Hopper warpgroup MMA's M: rows are computed in multiples of it
 
@@ -199,6 +205,8 @@ class _Hw:
     gemm_peak_16: float  # the same for 16-bit GEMMs (embedding head, router)
     gemm_act_bytes: float  # bytes per activation element a GEMM reads (8-bit GEMMs quantize)
     kernels: GemmKernels
+    moe_kernels: GemmKernels  # the routed experts' grouped GEMMs
+    moe_gemm_peak: float
     hbm_raw: float  # nominal HBM bytes/s
     hbm_bw: float  # achieved by KV-cache and elementwise kernels
     hbm_bytes: float
@@ -219,14 +227,18 @@ def _hw(cluster: ClusterSpec, plan: ServePlan, eff: ServeEfficiency) -> _Hw:
     # to 4 bits too) run at its FP4 peak; elsewhere (Hopper has none) they are widened to FP8
     # in the GEMM (W4A8), at the FP8 peak. The kernel class's share of the peak is the same.
     native_fp4 = plan.weight_dtype == "fp4" and "fp4" in dev.peak_tflops
-    gemm_peak = (dev.peak_flops("fp4" if native_fp4 else "fp8") * kernels.fp8_efficiency
-                 if eight_bit else dev.peak_flops("bf16") * eff.gemm_efficiency)
+    moe_kernels = GEMM_KERNELS[plan.runtime.moe_gemm_kernels or plan.runtime.gemm_kernels]
+    peak_8 = dev.peak_flops("fp4" if native_fp4 else "fp8")
+    peak_16 = dev.peak_flops("bf16") * eff.gemm_efficiency
+    gemm_peak = peak_8 * kernels.fp8_efficiency if eight_bit else peak_16
     hbm = dev.hbm_gbytes_per_s * 1e9
     return _Hw(
         peak_16=dev.peak_flops("bf16"), gemm_peak=gemm_peak,
-        gemm_peak_16=dev.peak_flops("bf16") * eff.gemm_efficiency,
+        gemm_peak_16=peak_16,
         gemm_act_bytes=(DTYPE_BYTES["fp4"] if native_fp4 else 1.0) if eight_bit else 2.0,
-        kernels=kernels, hbm_raw=hbm,
+        kernels=kernels, moe_kernels=moe_kernels,
+        moe_gemm_peak=peak_8 * moe_kernels.fp8_efficiency if eight_bit else peak_16,
+        hbm_raw=hbm,
         hbm_bw=hbm * eff.hbm_efficiency, hbm_bytes=dev.hbm_gib * GIB,
         reserved_bytes=curve.reserved_gib * GIB,
         net=Network.of(cluster, curve.collective_library),
@@ -245,17 +257,19 @@ def _span(hw: _Hw, size: int) -> GroupSpan:
 
 
 def _gemm(cost: PassCost, hw: _Hw, rows: float, params: float, weight_bytes: float, *,
-          pieces: int = 1, groups: float = 1.0) -> None:
+          pieces: int = 1, groups: float = 1.0, experts: bool = False) -> None:
     """``rows`` token rows through a ``params``-weight linear map made of ``pieces`` square
     GEMMs of equal size (``groups`` of them side by side in one grouped GEMM, as an MoE
     layer's experts: ``rows`` and ``params`` are then per group), booked under compute or HBM
-    weights by its bound (``gemm_seconds``)."""
+    weights by its bound (``gemm_seconds``); ``experts``: the routed experts' kernel class."""
     if rows <= 0 or params <= 0:
         return
     side = math.sqrt(params / pieces)
     eight_bit = weight_bytes < 2
+    kernels = hw.moe_kernels if experts else hw.kernels
+    peak = (hw.moe_gemm_peak if experts else hw.gemm_peak) if eight_bit else hw.gemm_peak_16
     seconds, num_bytes, bound = gemm_seconds(
-        hw.kernels, hw.gemm_peak if eight_bit else hw.gemm_peak_16, hw.hbm_raw, rows=rows,
+        kernels, peak, hw.hbm_raw, rows=rows,
         n=side, k=side, weight_bytes=weight_bytes,
         act_bytes=hw.gemm_act_bytes if eight_bit else 2.0, groups=groups)
     cost.add("compute" if bound else "hbm_weights", seconds, pieces)
@@ -425,7 +439,7 @@ def _layer(model: ModelSpec, layout: InstanceLayout, plan: ServePlan, hw: _Hw,
         # GEMMs on its share of the rows.
         num_active = local * active
         _gemm(cost, hw, dev_rows / max(num_active, 1e-9), expert / layout.expert_tp, wb,
-              pieces=3, groups=num_active)
+              pieces=3, groups=num_active, experts=True)
         if moe.num_shared_experts:
             _gemm(cost, hw, rows, mlp_params(model, moe.shared_width) / t, wb, pieces=3)
         _gemm(cost, hw, rows, h * moe.num_experts, 2.0)  # router, 16-bit

@@ -11,7 +11,12 @@ then costs the passes the deployment runs (``trainpilot.perf.serve.pass_cost``):
   tokens together: throughput = batch x output / (prefill + steps x step time);
 * colocated, continuous batching: every pass carries the running batch's decode rows plus the
   prompt tokens that keep the batch full in steady state (``input / output`` prompt tokens per
-  output token), the way chunked prefill mixes them.
+  output token), the way chunked prefill mixes them;
+* colocated, unmixed: sequences join running batches, but prompts are prefilled in passes of
+  their own that the decoding sequences wait for; per batch of requests, one prefill pass of
+  their prompts plus ``output`` decode steps, as static batching costs it (the prompts of a
+  batch in one pass or one by one cost the same where the pass is compute-bound; a mixed pass
+  would instead touch every expert on every decode step), with the running-length admission.
 
 Speculative decoding verifies ``1 + num_draft_tokens`` rows per sequence per step and yields
 ``SpeculativeSpec.tokens_per_step`` tokens. Per phase the report names the bound (compute, HBM
@@ -83,7 +88,7 @@ def largest_batch(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
     layout = plan.decode
     capacity = kv_capacity_tokens(model, cluster, plan, layout, eff)
     held: float = plan.input_len + plan.output_len
-    if plan.kv_admission == "current" and plan.batching == "continuous" and not plan.disaggregated:
+    if plan.kv_admission == "current" and plan.batching != "static" and not plan.disaggregated:
         held = plan.input_len + plan.output_len / 2
     per_group = int(capacity // held)
     batch = per_group * layout.dp_attention
@@ -138,7 +143,7 @@ def simulate_serve(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan,
         out_instance = batch * tps / step.total_s
         tpot = step.total_s / tps
         notes.append(f"KV transfer to decode {transfer * 1e3:.1f} ms per prompt")
-    elif plan.batching == "static":
+    elif plan.batching in ("static", "unmixed"):
         pre = pass_cost(model, cluster, plan, dec, _prefill_shape(plan, per_group * computed),
                         eff)
         step = pass_cost(model, cluster, plan, dec, decode_shape, eff)

@@ -8,6 +8,13 @@ implementation of the same GEMMs). Least squares on log time over the shapes the
 describes: N >= 4,096 and K >= 1,536 (22 of the 28; a shape with fewer output tiles than SMs
 or a K this short is bound by tile count or by its epilogue, which the form does not model).
 No serving measurement is read.
+
+``fit_moe_triton()`` fits the same form to vLLM's published times of the Triton fused-MoE
+kernel on DeepSeek-V3's 256 block-FP8 experts (``data/serve_moe_triton.yaml``), priced the way
+the serving model prices routed experts: each receiving expert's three GEMMs as square pieces
+of its weights, over the experts the tokens touch (``1 - (1 - k/E)^tokens`` of them). The table
+starts at 128 tokens, where every expert is touched, so it pins the cost per touched expert,
+not how the kernel behaves with fewer.
 """
 
 from __future__ import annotations
@@ -69,4 +76,46 @@ def fit_gemm(kind: str) -> tuple[GemmKernels, float]:
                          bounds=([0.3, 0.3, 0.0, 0.0], [1.0, 1.0, 1.0, 30.0]))
     kernels = of(best.x)
     mape = statistics.mean(abs(math.expm1(e)) for e in fit_errors(kernels, kind))
+    return kernels, mape
+
+
+@lru_cache(maxsize=1)
+def load_moe_table() -> dict[str, Any]:
+    """The bundled Triton fused-MoE table (source, device, experts, rows)."""
+    text = resources.files("trainpilot.sim").joinpath("data", "serve_moe_triton.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _predict_moe(kernels: GemmKernels, tokens: float, tp: int) -> float:
+    """Seconds of one fused-MoE call of ``tokens`` tokens as the serving model prices it."""
+    src = load_moe_table()["source"]
+    dev, ex = src["device"], src["experts"]
+    active = ex["num_experts"] * (1.0 - (1.0 - ex["top_k"] / ex["num_experts"]) ** tokens)
+    side = math.sqrt(ex["hidden"] * ex["width"] / tp)  # 3 pieces of 3 x hidden x width / tp
+    seconds, _, _ = gemm_seconds(kernels, dev["peak_tflops"] * 1e12 * kernels.fp8_efficiency,
+                                 dev["hbm_gbytes_per_s"] * 1e9,
+                                 rows=tokens * ex["top_k"] / active, n=side, k=side,
+                                 weight_bytes=1.0, act_bytes=1.0, groups=active)
+    return 3 * seconds
+
+
+def moe_fit_errors(kernels: GemmKernels) -> list[float]:
+    """log(predicted / measured) time of each row of the Triton fused-MoE table."""
+    return [math.log(_predict_moe(kernels, tokens, tp) / (us * 1e-6))
+            for tokens, tp, us in load_moe_table()["rows"]]
+
+
+def fit_moe_triton() -> tuple[GemmKernels, float]:
+    """The least-squares ``GemmKernels`` of "triton-moe-2025" and its mean |error| on the
+    table."""
+    from scipy.optimize import least_squares
+
+    def of(x) -> GemmKernels:
+        return GemmKernels(fp8_efficiency=x[0], hbm_efficiency=x[1], overlap_loss=x[2],
+                           latency_us=x[3])
+
+    best = least_squares(lambda x: moe_fit_errors(of(x)), [0.3, 0.3, 0.3, 3.0],
+                         bounds=([0.01, 0.05, 0.0, 0.0], [1.0, 1.0, 1.0, 500.0]))
+    kernels = of(best.x)
+    mape = statistics.mean(abs(math.expm1(e)) for e in moe_fit_errors(kernels))
     return kernels, mape

@@ -93,11 +93,18 @@ class ServeRuntime(Spec):
     heads that share it (TensorRT-LLM's XQA from v0.7, FlashInfer, FlashAttention, FlashMLA);
     False: once per query head, as TensorRT-LLM's masked multi-head attention kernel does, the
     only generation kernel up to v0.6 (one thread block per query head and sequence, loading
-    its KV head's cache; the v0.7 XQA blog: 2.4x on Llama-70B at 128/2048)."""
+    its KV head's cache; the v0.7 XQA blog: 2.4x on Llama-70B at 128/2048).
+
+    ``moe_gemm_kernels`` names the class of the routed experts' grouped GEMMs when it differs
+    from ``gemm_kernels`` (None: the same): "triton-moe-2025" is the Triton fused-MoE kernel
+    with block-scaled FP8 weights that vLLM 0.7 and SGLang 0.4 ran for tensor-parallel
+    experts in early 2025, as vLLM's kernel benchmark measured it for DeepSeek-V3's experts on
+    H100 (``trainpilot.sim.serve_gemm``: about 0.39 of HBM bandwidth, 0.08 of the FP8 peak)."""
 
     name: str = "current"
     gemm_kernels: Literal["deepgemm", "cutlass-3.6"] = "deepgemm"
     gqa_kv_reuse: bool = True
+    moe_gemm_kernels: Literal["deepgemm", "cutlass-3.6", "triton-moe-2025"] | None = None
 
 
 # Runtime profiles of the stacks the validation rows were measured on (each documented above).
@@ -107,6 +114,9 @@ RUNTIME_PRESETS: dict[str, dict] = {
     "trtllm-0.5": dict(name="trtllm-0.5", gemm_kernels="cutlass-3.6", gqa_kv_reuse=False),
     # TensorRT-LLM v0.7 (Dec 2023): XQA for GQA decode attention, 2023 GEMMs.
     "trtllm-0.7": dict(name="trtllm-0.7", gemm_kernels="cutlass-3.6", gqa_kv_reuse=True),
+    # vLLM 0.7 and SGLang 0.4 (Jan-Mar 2025) with block-FP8 experts run tensor-parallel: the
+    # Triton fused-MoE kernel (DeepGEMM reached their MoE paths later, and only with EP).
+    "triton-moe-2025": dict(name="triton-moe-2025", moe_gemm_kernels="triton-moe-2025"),
 }
 
 
@@ -128,8 +138,12 @@ class ServePlan(Spec):
     # "static": a batch is prefilled, then decoded to the end together (TensorRT-LLM's
     # session benchmark); "continuous": prompts join running batches (chunked prefill in the
     # same passes as decoding), the steady state of vLLM, SGLang, TensorRT-LLM in-flight
-    # batching. Disaggregated plans decode continuously by construction.
-    batching: Literal["static", "continuous"] = "continuous"
+    # batching; "unmixed": prompts join running batches, but each prompt is prefilled in a
+    # pass of its own that the decoding sequences wait for (vLLM's V0 engine without chunked
+    # prefill, forced off there for MLA models; SGLang without --enable-mixed-chunk): per
+    # request one prefill pass plus its share of the decode steps. Disaggregated plans decode
+    # continuously by construction.
+    batching: Literal["static", "continuous", "unmixed"] = "continuous"
     prefix_cache_hit: float = pydantic.Field(default=0.0, ge=0, lt=1)  # input tokens not computed
     weight_dtype: Literal["bf16", "fp16", "fp8", "fp4"] = "bf16"
     # Which decoder-layer linear maps ``weight_dtype`` covers (the rest, the embedding and
