@@ -231,6 +231,9 @@ def test_a_float8_gathered_weight_is_transposed_not_cast_in_every_pass():
     (dict(precision="fp8", fp8_recipe="rowwise", fp8_param_gather=True), "fp8_param_gather"),
     (dict(precision="fp8", fp8_recipe="mxfp8", fp8_param_gather=True,
           runtime=dict(stack="pytorch")), "fp8_param_gather"),
+    # Nothing is gathered without sharded parameters (Megatron's validate_args refuses it too).
+    (dict(precision="fp8", fp8_recipe="current", fp8_param_gather=True, zero=0),
+     "fp8_param_gather"),
 ])
 def test_fp8_param_gather_is_refused_where_no_stack_does_it(plan, field):
     from trainpilot.specs import SpecError, load_plan
@@ -245,7 +248,7 @@ def test_fp8_param_gather_is_refused_where_no_stack_does_it(plan, field):
 
 def test_megatron_export_passes_fp8_param_gather_and_needs_the_distributed_optimizer():
     from trainpilot.plan.megatron import megatron_export
-    from trainpilot.specs import SpecError
+    from trainpilot.specs import SpecError, load_plan
 
     model = load_model("llama3-8b")
     plan = Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", zero=1,
@@ -253,10 +256,12 @@ def test_megatron_export_passes_fp8_param_gather_and_needs_the_distributed_optim
     assert "--fp8-param-gather" in dict(megatron_export(plan, model).flags)
     off = Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", zero=1)
     assert "--fp8-param-gather" not in dict(megatron_export(off, model).flags)
+    # ZeRO 0 cannot hold the flag, so no exported plan carries it without the distributed
+    # optimizer (Megatron's validate_args would refuse it).
     with pytest.raises(SpecError) as info:
-        megatron_export(Plan(dp=8, global_batch_size=8, seq_len=4096, precision="fp8",
-                             zero=0, fp8_param_gather=True), model)
-    assert str(info.value).startswith("plan.fp8_param_gather: ")
+        load_plan(dict(dp=8, global_batch_size=8, seq_len=4096, precision="fp8", zero=0,
+                       fp8_param_gather=True))
+    assert info.value.field.endswith("fp8_param_gather") and "zero is 0" in str(info.value)
 
 
 def _fp8_search(**kw):

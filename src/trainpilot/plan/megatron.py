@@ -100,11 +100,7 @@ def megatron_export(plan: Plan, model: ModelSpec) -> MegatronExport:
         if plan.fp8_recipe != "delayed":  # Megatron's default recipe is delayed scaling
             out.add("--fp8-recipe", {"current": "tensorwise"}.get(plan.fp8_recipe,
                                                                   plan.fp8_recipe))
-        if plan.fp8_param_gather:
-            if plan.zero == 0:  # validate_args: distributed optimizer or FSDP only
-                raise SpecError("plan.fp8_param_gather", True, "Megatron gathers FP8 "
-                                "parameters with its distributed optimizer or FSDP only; valid "
-                                "with zero >= 1, or false")
+        if plan.fp8_param_gather:  # the Plan holds it only with zero >= 1 (validate_args)
             out.add("--fp8-param-gather")
     else:
         out.add(f"--{plan.precision}")

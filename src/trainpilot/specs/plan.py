@@ -129,6 +129,11 @@ class Plan(Spec):
             raise SpecError("fp8_param_gather", True,
                             f"gathers FP8 weights; precision is {self.precision} (valid: "
                             "precision fp8, or false)")
+        if self.fp8_param_gather and self.zero == 0:
+            raise SpecError("fp8_param_gather", True,
+                            "gathers sharded weights in 8 bits; zero is 0, so nothing is "
+                            "gathered (valid: zero >= 1 - Megatron's distributed optimizer or "
+                            "FSDP - or false)")
         if self.fp8_param_gather and self.fp8_recipe == "rowwise":
             raise SpecError("fp8_param_gather", True,
                             "torchao's float8 all-gather supports tensorwise scaling only; "
