@@ -83,11 +83,17 @@ DATASET_THRESHOLDS = {"llama3_2024": 0.15}
 # GB/s at 2 nodes, 33 at 64, where the preset's links give 369 and 291) written on the nanotron
 # rows: nanotron 61.2 -> 31.5%, its sign turned (16-64 nodes +20..+252% -> -78..+1%), batch 10
 # 35.8 -> 21.0%, pooled dense 12.63 -> 11.7%: the gates move to 22% and 12.5%.
+# Batch 11 (the Zero Bubble paper's Table 4 on 8-32 A100, FlashAttention's training README on 8
+# A100, the Megatron-Core MoE report's two H100 rows; 20 dense and 2 MoE rows collected blind,
+# committed before any prediction, scored once on 2026-12-07): 5.8% dense, 32.0% MoE (DeepSeek-V3
+# FP8 blockwise on 1,024 H100 +48%, Qwen3-235B on 256 H100 +16%); pooled dense 11.7 -> 11.5%
+# (496), MoE 22.5 -> 22.7% (100).
 HELD_OUT_GATES = {"dense": 0.125, "moe": 0.25}
 BATCH_GATES = {1: {"dense": 0.12, "moe": 0.18}, 2: {"dense": 0.22, "moe": 0.38},
                3: {"dense": 0.05, "moe": 0.16}, 4: {"dense": 0.155, "moe": 0.22},
                5: {"dense": 0.08}, 6: {"dense": 0.14, "moe": 0.39},
-               7: {"dense": 0.24}, 8: {"dense": 0.05}, 10: {"dense": 0.22}}
+               7: {"dense": 0.24}, 8: {"dense": 0.05}, 10: {"dense": 0.22},
+               11: {"dense": 0.07, "moe": 0.34}}
 TARGETS = {"dense": 0.10, "moe": 0.15}
 TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
