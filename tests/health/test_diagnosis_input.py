@@ -558,3 +558,22 @@ def test_speechbrain_stops_on_a_non_finite_loss_and_early_stopping_is_not_one():
 ])
 def test_tensorstore_file_errors_and_config_errors(line, category):
     assert DIAGNOSER.diagnose_texts({"rank.log": line + "\n"}).category == category
+
+
+@pytest.mark.parametrize("line, category", [
+    # Intel Gaudi's device-memory allocator (Accelerate's should_reduce_batch_size: "HPU OOM").
+    ("RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for "
+     "size::268435456 (256)MB", "device_oom"),
+    # Negative control: another module's fatal error on Gaudi is not a memory failure.
+    ("RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_BRIDGE Exception in Lowering thread...",
+     "unknown"),
+    # ClearML's storage helper refusing a checkpoint upload (clearml/storage/helper.py).
+    ("2024-06-24 11:46:37,590 - clearml.storage - ERROR - Exception encountered while uploading "
+     "Failed uploading object /p/r.1/artifacts/latest.ckpt/last.ckpt (413): <!doctype html>",
+     "storage"),
+    # Negative control: another tool's upload message with the same words names no ClearML logger
+    # or status code.
+    ("Exception encountered while uploading usernotes: rate limited, retrying", "unknown"),
+])
+def test_gaudi_device_memory_and_clearml_upload_errors(line, category):
+    assert DIAGNOSER.diagnose_texts({"rank.log": line + "\n"}).category == category
