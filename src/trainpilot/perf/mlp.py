@@ -15,14 +15,22 @@ factor the expert inputs are padded to it: static shapes, no sync, and every exp
 the capacity's rows.
 
 Dispatch: NCCL's all-to-all sends each copy to its destination GPU, the ``(n - g)/n`` share off
-the node over the NIC. DeepEP (``runtime.ep_dispatcher = deepep``) sends one copy per
-destination node over the network and forwards inside the node over NVLink: for ``top_k``
-experts uniform over ``N`` nodes, a token reaches ``(N - 1)(1 - (1 - 1/N)^k)`` other nodes on
-average; node-limited routing (``moe.topk_groups`` of ``moe.num_expert_groups`` groups laid
-over the nodes) caps the nodes a token reaches.
+the node over the NIC. DeepEP (and Megatron's HybridEP; ``runtime.ep_dispatcher = deepep``)
+sends a token once per destination *node* over the network and once per destination *GPU* over
+NVLink (the receiving GPU holds several experts): for ``top_k`` experts uniform over ``N`` nodes a
+token reaches ``(N - 1)(1 - (1 - 1/N)^k)`` other nodes on average, and over NVLink ``D (g - 1)/g``
+copies travel, ``D`` the distinct GPUs it reaches (``distinct_reached``). Group-limited routing
+(``moe.topk_groups`` of ``moe.num_expert_groups`` groups laid contiguously over the EP ranks)
+picks the groups first, so the nodes and GPUs a token reaches follow from the groups it picks:
+with several groups per node, the distinct nodes among ``topk_groups`` groups drawn without
+replacement; with a group spanning several nodes, the distinct nodes its ``k / topk_groups``
+experts land on. Checked against Megatron-Core's measured dispatch and combine times for
+DeepSeek-V3's shapes on H100 (``perf/data/ep_dispatch_h100.yaml``; tests/perf/test_comm.py).
 """
 
 from __future__ import annotations
+
+import math
 
 from dataclasses import dataclass
 
@@ -46,6 +54,31 @@ def expert_rows(model: ModelSpec, st: LayerSetup, m: float) -> float:
     return st.expert_tp * m_route * model.moe.top_k
 
 
+def distinct_reached(model: ModelSpec, units: int) -> float:
+    """Expected distinct units (nodes, or GPUs) of the EP group, laid out as ``units`` equal
+    contiguous parts, that one token's ``top_k`` experts fall on (balanced routing).
+
+    Without group limits the experts are uniform: ``U (1 - (1 - 1/U)^k)``. With ``topk_groups``
+    of ``G`` groups the token picks its groups first (uniformly, as balanced routing does) and
+    spreads its ``k / M`` experts per group inside them: with ``G >= U`` (whole groups per unit)
+    the distinct units among ``M`` groups drawn without replacement, ``U (1 - C(G - G/U, M) /
+    C(G, M))``; with ``G < U`` (a group spans ``U/G`` units) ``M (U/G)(1 - (1 - G/U)^(k/M))``."""
+    moe = model.moe
+    assert moe is not None
+    k, u = moe.top_k, units
+    if u <= 1:
+        return 1.0
+    groups, picked = moe.num_expert_groups, moe.topk_groups
+    if picked is None or groups <= 1 or picked >= groups:
+        return u * (1 - (1 - 1 / u) ** k)
+    if groups >= u:
+        per = groups // u
+        miss = math.comb(groups - per, picked) / math.comb(groups, picked)
+        return u * (1 - miss)
+    span = u / groups
+    return picked * span * (1 - (1 - 1 / span) ** (k / picked))
+
+
 def remote_copies(model: ModelSpec, span: GroupSpan, dispatcher: str) -> float:
     """Token copies a rank sends off its node per routed token, over top_k."""
     moe = model.moe
@@ -55,15 +88,24 @@ def remote_copies(model: ModelSpec, span: GroupSpan, dispatcher: str) -> float:
         return 0.0
     if dispatcher != "deepep":
         return (n - g) / n
-    reach = nodes
-    if moe.topk_groups is not None and moe.num_expert_groups >= nodes:
-        reach = max(1, min(nodes, moe.topk_groups * nodes // moe.num_expert_groups))
-    k = moe.top_k
-    if reach >= nodes:
-        other = (nodes - 1) * (1 - (1 - 1 / nodes) ** k)
-    else:  # the token's groups are picked first: it reaches `reach` nodes, its own among them
-        other = reach * (nodes - 1) / nodes
-    return min(other, k * (n - g) / n) / k
+    # One copy per other node reached: the token's own node is among the reached ones with
+    # probability reach / N (symmetry), so the others number reach (N - 1) / N.
+    other = distinct_reached(model, nodes) * (nodes - 1) / nodes
+    return min(other, moe.top_k * (n - g) / n) / moe.top_k
+
+
+def nvlink_copies(model: ModelSpec, span: GroupSpan, dispatcher: str) -> float:
+    """Token copies a rank moves over NVLink per routed token, over top_k: NCCL's all-to-all
+    the ``(g - 1)/n`` of its copies bound for the node's other GPUs; DeepEP one per distinct
+    destination GPU other than the one that holds the token (on its own node, or the GPU that
+    received it over the network on a remote one)."""
+    moe = model.moe
+    assert moe is not None
+    n, g = span.size, span.per_node
+    if dispatcher != "deepep":
+        return (g - 1) / n
+    reached = distinct_reached(model, n)
+    return min(reached * (g - 1) / g, moe.top_k * (g - 1) / g) / moe.top_k
 
 
 def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net: Network,
@@ -146,7 +188,9 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         span = spans["ep"]
         share = remote_copies(model, span, rt.ep_dispatcher)
         sent = ACT_BYTES * m_route * moe.top_k * h * load
-        a2a = 2 * max(net.all_to_all_s(span, sent, remote_share=share), coll)
+        a2a = 2 * max(net.all_to_all_s(span, sent, remote_share=share,
+                                       intra_share=nvlink_copies(model, span, rt.ep_dispatcher)),
+                      coll)
     tp_gather = 0.0
     if etp > 1:  # expert tensor parallelism: gather routed tokens, scatter results back
         msg = ACT_BYTES * rows * h

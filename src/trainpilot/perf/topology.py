@@ -214,16 +214,18 @@ class Network:
         return scatter + across + gather
 
     def all_to_all_s(self, span: GroupSpan, num_bytes: float, *,
-                     remote_share: float | None = None) -> float:
+                     remote_share: float | None = None,
+                     intra_share: float | None = None) -> float:
         """All-to-all where each rank holds ``num_bytes`` spread over the group. The share
         that leaves the node goes over the device's own NIC: ``(n-g)/n`` for a uniform
         exchange, ``remote_share`` when the dispatcher sends less (DeepEP's one copy per
-        destination node)."""
+        destination node); the share that crosses NVLink is ``(g-1)/n``, or ``intra_share``
+        (DeepEP's one copy per destination GPU)."""
         n = span.size
         if n <= 1 or num_bytes <= 0:
             return 0.0
         g = span.per_node
-        intra = (g - 1) / n * num_bytes / self.intra_bw
+        intra = ((g - 1) / n if intra_share is None else intra_share) * num_bytes / self.intra_bw
         if span.nodes == 1:
             return intra + self.intra_lat
         bw, hop = self._outer(span)

@@ -87,7 +87,9 @@ DATASET_THRESHOLDS = {"llama3_2024": 0.15}
 # A100, the Megatron-Core MoE report's two H100 rows; 20 dense and 2 MoE rows collected blind,
 # committed before any prediction, scored once on 2026-12-07): 5.8% dense, 32.0% MoE (DeepSeek-V3
 # FP8 blockwise on 1,024 H100 +48%, Qwen3-235B on 256 H100 +16%); pooled dense 11.7 -> 11.5%
-# (496), MoE 22.5 -> 22.7% (100).
+# (496), MoE 22.5 -> 22.7% (100). DeepEP's copies as the same report's Table 7 measured them
+# (one per destination GPU over NVLink; group-limited reach; the same day, after batch 11):
+# MoE 22.7 -> 23.2%, dense unchanged.
 HELD_OUT_GATES = {"dense": 0.125, "moe": 0.25}
 BATCH_GATES = {1: {"dense": 0.12, "moe": 0.18}, 2: {"dense": 0.22, "moe": 0.38},
                3: {"dense": 0.05, "moe": 0.16}, 4: {"dense": 0.155, "moe": 0.22},
