@@ -31,7 +31,6 @@ DeepSeek-V3's shapes on H100 (``perf/data/ep_dispatch_h100.yaml``; tests/perf/te
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from trainpilot.perf.hardware import Device
