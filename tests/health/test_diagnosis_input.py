@@ -577,3 +577,15 @@ def test_tensorstore_file_errors_and_config_errors(line, category):
 ])
 def test_gaudi_device_memory_and_clearml_upload_errors(line, category):
     assert DIAGNOSER.diagnose_texts({"rank.log": line + "\n"}).category == category
+
+
+@pytest.mark.parametrize("line, category", [
+    # FlashAttention refusing the GPU (flash_api.cpp; FlashAttention 1.x's fmha_api.cpp).
+    ("RuntimeError: FlashAttention only supports Ampere GPUs or newer.", "user_code"),
+    ("FlashAttention backward for head dim > 64 requires A100 or H100\nGPUs as the implementation "
+     "needs a large amount of shared memory.", "user_code"),
+    # Negative control: a start-up line naming the kernel is not a failure.
+    ("INFO: Using FlashAttention-2 backend (Ampere GPUs or newer detected)", "unknown"),
+])
+def test_flash_attention_on_an_unsupported_gpu_is_a_setup_error(line, category):
+    assert DIAGNOSER.diagnose_texts({"rank.log": line + "\n"}).category == category
