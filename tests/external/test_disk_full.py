@@ -27,15 +27,19 @@ def small_disk(tmp_path):
 
 
 def _fill(path) -> int:
+    """Fill the disk to its last byte: 1 MiB writes, then 4 KiB, then single bytes, each until
+    the disk refuses one. (Stopping at the first refused MiB left up to a MiB free, room for the
+    run store's small writes, so whether the store ever met the full disk depended on what the
+    job wrote meanwhile.)"""
     written = 0
-    with open(path, "wb") as handle:
-        try:
-            while True:
-                handle.write(b"\0" * (1 << 20))
-                handle.flush()
-                written += 1 << 20
-        except OSError:
-            return written
+    with open(path, "wb", buffering=0) as handle:
+        for size in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    written += handle.write(b"\0" * size)
+            except OSError:
+                continue
+    return written
 
 
 @pytest.mark.timeout(300)
