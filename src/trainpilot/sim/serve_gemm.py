@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -32,11 +33,29 @@ from trainpilot.perf.serve import GemmKernels, gemm_seconds
 MIN_N, MIN_K = 4096, 1536
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=2)
+def _load(name: str) -> dict[str, Any]:
+    text = resources.files("trainpilot.sim").joinpath("data", name).read_text()
+    return yaml.safe_load(text)
+
+
 def load_table() -> dict[str, Any]:
     """The bundled DeepGEMM table (source, device, rows)."""
-    text = resources.files("trainpilot.sim").joinpath("data", "serve_gemm.yaml").read_text()
-    return yaml.safe_load(text)
+    return _load("serve_gemm.yaml")
+
+
+def _least_squares(errors: Callable[[GemmKernels], list[float]], start: list[float],
+                   lower: list[float], upper: list[float]) -> tuple[GemmKernels, float]:
+    """The ``GemmKernels`` minimising ``errors`` (log ratios) from ``start`` inside the bounds,
+    and its mean |error|."""
+    from scipy.optimize import least_squares
+
+    def of(x) -> GemmKernels:
+        return GemmKernels(fp8_efficiency=x[0], hbm_efficiency=x[1], overlap_loss=x[2],
+                           latency_us=x[3])
+
+    kernels = of(least_squares(lambda x: errors(of(x)), start, bounds=(lower, upper)).x)
+    return kernels, statistics.mean(abs(math.expm1(e)) for e in errors(kernels))
 
 
 def _rows(kind: str) -> list[tuple[float, float, float, float, float]]:
@@ -66,24 +85,13 @@ def fit_errors(kernels: GemmKernels, kind: str) -> list[float]:
 def fit_gemm(kind: str) -> tuple[GemmKernels, float]:
     """The least-squares ``GemmKernels`` for ``kind`` ("deepgemm" or "cutlass-3.6") and its
     mean |error| on the fitted shapes."""
-    from scipy.optimize import least_squares
-
-    def of(x) -> GemmKernels:
-        return GemmKernels(fp8_efficiency=x[0], hbm_efficiency=x[1], overlap_loss=x[2],
-                           latency_us=x[3])
-
-    best = least_squares(lambda x: fit_errors(of(x), kind), [0.7, 0.85, 0.3, 3.0],
-                         bounds=([0.3, 0.3, 0.0, 0.0], [1.0, 1.0, 1.0, 30.0]))
-    kernels = of(best.x)
-    mape = statistics.mean(abs(math.expm1(e)) for e in fit_errors(kernels, kind))
-    return kernels, mape
+    return _least_squares(lambda kernels: fit_errors(kernels, kind), [0.7, 0.85, 0.3, 3.0],
+                          [0.3, 0.3, 0.0, 0.0], [1.0, 1.0, 1.0, 30.0])
 
 
-@lru_cache(maxsize=1)
 def load_moe_table() -> dict[str, Any]:
     """The bundled Triton fused-MoE table (source, device, experts, rows)."""
-    text = resources.files("trainpilot.sim").joinpath("data", "serve_moe_triton.yaml").read_text()
-    return yaml.safe_load(text)
+    return _load("serve_moe_triton.yaml")
 
 
 def _predict_moe(kernels: GemmKernels, tokens: float, tp: int) -> float:
@@ -91,7 +99,7 @@ def _predict_moe(kernels: GemmKernels, tokens: float, tp: int) -> float:
     src = load_moe_table()["source"]
     dev, ex = src["device"], src["experts"]
     active = ex["num_experts"] * (1.0 - (1.0 - ex["top_k"] / ex["num_experts"]) ** tokens)
-    side = math.sqrt(ex["hidden"] * ex["width"] / tp)  # 3 pieces of 3 x hidden x width / tp
+    side = math.sqrt(ex["hidden"] * ex["width"] / tp)  # each of the 3 GEMMs: hidden x width/tp
     seconds, _, _ = gemm_seconds(kernels, dev["peak_tflops"] * 1e12 * kernels.fp8_efficiency,
                                  dev["hbm_gbytes_per_s"] * 1e9,
                                  rows=tokens * ex["top_k"] / active, n=side, k=side,
@@ -108,14 +116,5 @@ def moe_fit_errors(kernels: GemmKernels) -> list[float]:
 def fit_moe_triton() -> tuple[GemmKernels, float]:
     """The least-squares ``GemmKernels`` of "triton-moe-2025" and its mean |error| on the
     table."""
-    from scipy.optimize import least_squares
-
-    def of(x) -> GemmKernels:
-        return GemmKernels(fp8_efficiency=x[0], hbm_efficiency=x[1], overlap_loss=x[2],
-                           latency_us=x[3])
-
-    best = least_squares(lambda x: moe_fit_errors(of(x)), [0.3, 0.3, 0.3, 3.0],
-                         bounds=([0.01, 0.05, 0.0, 0.0], [1.0, 1.0, 1.0, 500.0]))
-    kernels = of(best.x)
-    mape = statistics.mean(abs(math.expm1(e)) for e in moe_fit_errors(kernels))
-    return kernels, mape
+    return _least_squares(moe_fit_errors, [0.3, 0.3, 0.3, 3.0], [0.01, 0.05, 0.0, 0.0],
+                          [1.0, 1.0, 1.0, 500.0])
