@@ -95,6 +95,43 @@ def test_nothing_known_is_unknown_with_the_last_error_line():
     assert result.confidence <= 0.1
 
 
+_TRACEBACK = """Traceback (most recent call last):
+  File "train.py", line 193, in <module>
+    loss = model(batch).sum()
+  File "model.py", line 40, in forward
+    raise ValueError("bad config")
+[rank1]: mypkg.config.ConfigValidationError: hidden_size 4095 is not divisible by 32 heads
+ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 1
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+"""
+
+
+def test_an_uncaught_exception_no_pattern_explains_is_user_code():
+    result = DIAGNOSER.diagnose_texts({"r1.log": _TRACEBACK})
+    assert result.category == "user_code" and 0.2 <= result.confidence <= 0.4
+    # The exception itself, not the launcher's ChildFailedError after it, is the evidence.
+    assert result.evidence == ("r1.log:6: [rank1]: mypkg.config.ConfigValidationError: "
+                               "hidden_size 4095 is not divisible by 32 heads")
+    assert "ConfigValidationError" in result.root_cause
+
+
+@pytest.mark.parametrize("text", [
+    # Negative controls: only a launcher's wrappers, or no exception line at all.
+    "ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1)\n"
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
+    "subprocess.CalledProcessError: Command '['python', 'train.py']' returned non-zero exit\n",
+    "step 10 loss 2.1\nerror: something went wrong\nThe exception was logged above\n",
+])
+def test_no_exception_of_its_own_stays_unknown(text):
+    assert DIAGNOSER.diagnose_texts({"x.log": text}).category == "unknown"
+
+
+def test_a_matched_pattern_outranks_the_exception_fallback():
+    text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+            "RuntimeError: something else\n")
+    assert DIAGNOSER.diagnose_texts({"x.log": text}).category == "device_oom"
+
+
 @pytest.mark.parametrize("line, expected", [
     ("2024-06-03 12:00:05,123 INFO x", datetime(2024, 6, 3, 12, 0, 5, 123000)),
     ("2024-06-03T12:00:05.5+02:00 x", datetime(2024, 6, 3, 10, 0, 5, 500000)),

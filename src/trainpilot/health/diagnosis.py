@@ -17,7 +17,12 @@ How a diagnosis is chosen (documented in docs/health.md):
 5. Metric lines count too (``metriclines``): a NaN/inf loss or gradient-norm field, a loss spike,
    an fp16 loss scale that repeated overflows drove to its floor (numerical), a throughput drift
    (straggler, a symptom).
-6. The verdict names the rank and node of its evidence line where the line (or its file name)
+6. A log in which no pattern matched but a Python exception line (``SomeError: ...``, not a
+   launcher's wrapper such as torchelastic's ChildFailedError) was printed is called user_code
+   at low confidence, with the last such line as evidence: an uncaught exception that no known
+   cause explains is most often the training code, its configuration or a library version
+   mismatch. Without one the verdict is unknown.
+7. The verdict names the rank and node of its evidence line where the line (or its file name)
    says them: ``[rank3]:``, ``[Rank 3]``, ``rank: 3``, torchelastic's ``[default3]:`` (a local
    rank), NCCL's ``host:pid:tid [dev]`` prefix, syslog's host field, ``rank3.log``.
 
@@ -302,12 +307,12 @@ class Diagnoser:
                      pattern_id=pattern_id, finding=finding, tier=tier, symptom=symptom)
 
     def scan_chunks(self, name: str, chunks: Iterable[Chunk], *, default_year: int | None = None,
-                    ) -> tuple[list[Match], list[str]]:
-        """(every matched line of one log, its last error-ish line for an `unknown` verdict).
-        Streams: only a chunk and a small look-back are in memory."""
+                    ) -> tuple[list[Match], Tail]:
+        """(every matched line of one log, its last error-ish and last exception lines for a
+        verdict without a match). Streams: only a chunk and a small look-back are in memory."""
         out: list[Match] = []
         metrics = MetricScanner() if self.metric_rules else None
-        tail: list[str] = []
+        tail = Tail()
         lookback = b""
         year = default_year
         for chunk in chunks:
@@ -332,7 +337,7 @@ class Diagnoser:
             if metrics is not None:
                 metrics.feed(chunk, present=Prefilter.held(chunk.low, PRESENCE_LITERALS,
                                                             spans + dropped))
-            tail = (tail + _errorish_lines(chunk))[-1:]
+            tail = tail.after(chunk)
             lookback = data[-_LOOKBACK_BYTES:]
         if metrics is not None:
             for f in metrics.findings():
@@ -353,7 +358,8 @@ class Diagnoser:
         """Diagnose named log texts (``{name: text}``) as one failed job."""
         year = guess_year([line for text in logs.values()
                            for line in text[:1 << 20].splitlines()])
-        matches, tails = [], {}
+        matches: list[Match] = []
+        tails: dict[str, Tail] = {}
         for name, text in logs.items():
             found, tail = self.scan_chunks(name, text_chunks(text), default_year=year)
             matches += found
@@ -365,7 +371,8 @@ class Diagnoser:
         bzip2/xz). SpecError for a missing, empty or binary file."""
         paths = [Path(p) for p in paths]
         streams = [(str(p), *open_log(p)) for p in paths]  # every file checked before reading
-        matches, tails = [], {}
+        matches: list[Match] = []
+        tails: dict[str, Tail] = {}
         try:
             for name, stream, _ in streams:
                 found, tail = self.scan_chunks(name, iter_chunks(stream))
@@ -378,11 +385,11 @@ class Diagnoser:
         warnings = tuple(f"{name}: {why}" for name, why in damage if why)
         return replace(self.decide(matches, tails), warnings=warnings)
 
-    def decide(self, matches: list[Match], tails: dict[str, list[str]] | None = None,
+    def decide(self, matches: list[Match], tails: dict[str, Tail] | None = None,
                ) -> Diagnosis:
         """Pick the root cause among ``matches`` (rules in the module docstring)."""
         if not matches:
-            return _unknown(tails or {})
+            return _unmatched(tails or {})
         causes = [m for m in matches if not m.symptom]
         pool = causes or matches
         timed = [m.time for m in pool if m.time is not None]
@@ -447,19 +454,33 @@ def _time_before(data: bytes, pos: int, year: int) -> datetime | None:
     return None
 
 
-def _errorish_lines(chunk: Chunk) -> list[str]:
-    """The last error-ish line of a chunk as 'line_no: text' (for an unknown verdict)."""
+def _last_line(chunk: Chunk, rx: re.Pattern[bytes]) -> str | None:
+    """The last line of a chunk's last 64 KB where ``rx`` matches its lower-cased text, as
+    'line_no: text'."""
     data = chunk.low
-    base = max(0, len(data) - (1 << 16))  # the chunk's last 64 KB
-    found = list(_ERRORISH.finditer(data, base))
-    if not found:
-        return []
-    pos = found[-1].start()
+    base = max(0, len(data) - (1 << 16))
+    starts = [m.start() for m in rx.finditer(data, base)]
+    if not starts:
+        return None
+    pos = starts[-1]
     start = data.rfind(b"\n", 0, pos) + 1
     end = data.find(b"\n", pos)
     line = chunk.line(start, len(data) if end < 0 else end)
     line_no = chunk.first_line + count_newlines(data, 0, start)
-    return [f"{line_no}: {line.strip()}"]
+    return f"{line_no}: {line.strip()}"
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The last error-ish line and the last Python exception line of a log so far (for a
+    verdict without a pattern match), each as 'line_no: text'."""
+
+    errorish: str | None = None
+    exception: str | None = None
+
+    def after(self, chunk: Chunk) -> Tail:
+        return Tail(_last_line(chunk, _ERRORISH) or self.errorish,
+                    _last_line(chunk, _EXCEPTION) or self.exception)
 
 
 def _evidence(match: Match) -> str:
@@ -482,18 +503,46 @@ def _also_seen(matches: list[Match], best: Match) -> str:
 
 
 _ERRORISH = re.compile(rb"error|exception|fatal|failed|traceback|abort|killed")  # on lower case
+# A Python exception line, "pkg.mod.SomeError: message" (or the bare name) at the start of a
+# line after an optional log prefix such as "[rank1]: " or "E   "; on lower case. Launcher
+# wrappers that only say a child failed (torchelastic's ChildFailedError, subprocess's
+# CalledProcessError) are not the exception itself.
+_EXCEPTION = re.compile(
+    rb"^(?:\[[^\]\n]{0,40}\]:?\s*|e\s+)?\s*(?:[a-z_][\w]*\.)*"
+    rb"(?!childfailederror|calledprocesserror)(?:[a-z_]\w*error|(?:[a-z_]\w*)?exception)(?::[ \t]|:?[ \t]*\r?$)",
+    re.M)
 
 
-def _unknown(tails: dict[str, list[str]]) -> Diagnosis:
-    evidence = ""
+def _evidence_of(name: str, line: str) -> str:
+    return f"{name}:{line}"[:MAX_EVIDENCE_CHARS + len(name) + 12]
+
+
+def _unmatched(tails: dict[str, Tail]) -> Diagnosis:
+    """The verdict when no pattern matched: user_code on an uncaught Python exception, else
+    unknown (module docstring, rule 6)."""
     for name, tail in tails.items():
-        if tail:
-            evidence = f"{name}:{tail[-1]}"[:MAX_EVIDENCE_CHARS + len(name) + 12]
-            break
+        if tail.exception:
+            kind = _EXCEPTION_NAME.search(tail.exception.split(": ", 1)[1])
+            what = kind.group(1) if kind else "an exception"
+            return Diagnosis(
+                category="user_code",
+                root_cause=f"an uncaught Python exception ({what}) that no known failure "
+                "pattern explains: most often the training code, its configuration or a "
+                "library version mismatch",
+                evidence=_evidence_of(name, tail.exception),
+                action="read the traceback that ends at this line (the innermost frame in the "
+                "project's own code first); check the configuration and the library versions "
+                "it names",
+                confidence=0.3)
+    evidence = next((_evidence_of(name, tail.errorish) for name, tail in tails.items()
+                     if tail.errorish), "")
     return Diagnosis(category="unknown", root_cause="no known failure pattern matched",
                      evidence=evidence, action="read the last error lines of each rank's log; "
                      "add a pattern to trainpilot/health/patterns.yaml once the cause is known",
                      confidence=0.1)
+
+
+_EXCEPTION_NAME = re.compile(r"((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception))\b")
 
 
 @lru_cache(maxsize=1)
