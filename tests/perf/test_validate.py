@@ -189,6 +189,9 @@ def test_caveats_name_what_the_held_out_sources_found():
                   Plan(tp=2, pp=1, dp=8, ep=8, zero=1, micro_batch_size=1,
                        global_batch_size=64, seq_len=4096))
     assert any(c.startswith("MoE") for c in moe.caveats)
+    deepspeed = predict(model, cluster, Plan(zero=3, runtime=dict(stack="deepspeed"), **base))
+    assert any(c.startswith("DeepSpeed ZeRO-3") and "optimistic" in c
+               for c in deepspeed.caveats)
 
 
 def test_caveat_numbers_are_the_validations_own(held_out_results):
@@ -203,6 +206,7 @@ def test_caveat_numbers_are_the_validations_own(held_out_results):
     fsdp = [r for r in timed if r.case.kind == "dense" and r.case.plan.zero >= 1
             and r.case.plan.runtime.stack == "pytorch"]
     moe = [r for r in timed if r.case.kind == "moe"]
+    zero3 = [r for r in timed if r.case.plan.zero == 3 and r.case.plan.runtime.stack == "deepspeed"]
 
     def pct(values) -> str:
         values = list(values)
@@ -213,6 +217,9 @@ def test_caveat_numbers_are_the_validations_own(held_out_results):
     optimistic = sum(r.speed_error > 0 for r in moe)
     assert (f"({len(moe)}) err {pct(abs(r.error) for r in moe)} on average and {optimistic} "
             "of them are optimistic") in HELD_OUT_NOTES["moe"]
+    optimistic = sum(r.speed_error > 0 for r in zero3)
+    assert (f"({len(zero3)}) err {pct(abs(r.error) for r in zero3)} on average and "
+            f"{optimistic} of them are optimistic") in HELD_OUT_NOTES["deepspeed_zero3"]
 
 
 def test_a_refitted_curve_replaces_only_its_own_familys_data():
