@@ -590,3 +590,27 @@ def test_gaudi_device_memory_and_clearml_upload_errors(line, category):
 ])
 def test_flash_attention_on_an_unsupported_gpu_is_a_setup_error(line, category):
     assert DIAGNOSER.diagnose_texts({"rank.log": line + "\n"}).category == category
+
+
+_OLD_WORKER_TRACEBACK = """Traceback (most recent call last):
+  File "/env/lib/python3.6/site-packages/torch/utils/data/dataloader.py", line 106, in _worker_loop
+    samples = collate_fn([dataset[i] for i in batch_indices])
+  File "/work/dataset.py", line 34, in __getitem__
+    label = self.db[self.labels_key][idx]
+KeyError: 'Unable to open object (bad object header version number)'
+"""
+
+
+@pytest.mark.parametrize("text, category", [
+    # A dataset's exception re-raised from a DataLoader worker: PyTorch >= 1.0's wrapper line,
+    # and PyTorch <= 0.4's, whose message is the worker's traceback through _worker_loop.
+    ("KeyError: Caught KeyError in DataLoader worker process 3.\n", "dataloader"),
+    (_OLD_WORKER_TRACEBACK, "dataloader"),
+    # Negative control: the same exception raised in the main process (num_workers=0) is the
+    # training code's, not the loader's.
+    (_OLD_WORKER_TRACEBACK.replace(
+        '  File "/env/lib/python3.6/site-packages/torch/utils/data/dataloader.py", line 106, '
+        "in _worker_loop\n", ""), "user_code"),
+])
+def test_an_exception_raised_in_a_dataloader_worker_is_a_data_loading_failure(text, category):
+    assert DIAGNOSER.diagnose_texts({"rank0.log": text}).category == category
