@@ -614,3 +614,24 @@ KeyError: 'Unable to open object (bad object header version number)'
 ])
 def test_an_exception_raised_in_a_dataloader_worker_is_a_data_loading_failure(text, category):
     assert DIAGNOSER.diagnose_texts({"rank0.log": text}).category == category
+
+
+@pytest.mark.parametrize("text, category", [
+    # torch.distributions' parameter check on NaN logits (distribution.py _validate_args).
+    ("ValueError: Expected parameter logits (Tensor of shape (280, 13)) of distribution "
+     "Categorical(logits: torch.Size([280, 13])) to satisfy the constraint "
+     "IndependentConstraint(Real(), 1), but found invalid values:\ntensor([[nan, nan]])\n",
+     "numerical"),
+    # Negative control: another ValueError about a parameter is the code's, not numerics.
+    ("ValueError: Expected parameter lr to be a float, got str\n", "user_code"),
+    # TensorFlow's collective executor (collective_ops.cc) on members with different shapes.
+    ("W tensorflow/core/framework/op_kernel.cc:1655] OP_REQUIRES failed at collective_ops.cc:253 "
+     ": Invalid argument: Shape mismatch in the collective instance 106. Op at device "
+     "/job:worker/replica:0/task:1/device:CPU:0 expected shape [49] but another member in the "
+     "group expected shape [64].\n", "collective_mismatch"),
+    # Negative control: a shape error inside one worker's graph is not a collective's.
+    ("tensorflow.python.framework.errors_impl.InvalidArgumentError: Incompatible shapes: "
+     "[49] vs. [64]\n", "user_code"),
+])
+def test_distribution_constraint_nan_and_tensorflow_collective_shape_mismatch(text, category):
+    assert DIAGNOSER.diagnose_texts({"worker0.log": text}).category == category
