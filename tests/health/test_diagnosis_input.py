@@ -635,3 +635,17 @@ def test_an_exception_raised_in_a_dataloader_worker_is_a_data_loading_failure(te
 ])
 def test_distribution_constraint_nan_and_tensorflow_collective_shape_mismatch(text, category):
     assert DIAGNOSER.diagnose_texts({"worker0.log": text}).category == category
+
+
+@pytest.mark.parametrize("line, category", [
+    # Caffe2's CUDA_ENFORCE on cudaErrorMemoryAllocation (code 2, "out of memory").
+    ("RuntimeError: [enforce fail at event_gpu.cc:17] error == cudaSuccess. 2 vs 0. Error at: "
+     "/home/sd/pytorch/caffe2/core/event_gpu.cc:17: out of memory", "device_oom"),
+    # Negative control: the same check failing on another CUDA error is not an OOM.
+    ("RuntimeError: [enforce fail at context_gpu.cu:415] error == cudaSuccess. 77 vs 0. Error "
+     "at: /opt/caffe2/core/context_gpu.cu:415: an illegal memory access was encountered",
+     "not device_oom"),
+])
+def test_caffe2_cuda_enforce_out_of_memory(line, category):
+    got = DIAGNOSER.diagnose_texts({"train.log": line + "\n"}).category
+    assert got == category if category != "not device_oom" else got != "device_oom"
