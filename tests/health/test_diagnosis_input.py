@@ -649,3 +649,29 @@ def test_distribution_constraint_nan_and_tensorflow_collective_shape_mismatch(te
 def test_caffe2_cuda_enforce_out_of_memory(line, category):
     got = DIAGNOSER.diagnose_texts({"train.log": line + "\n"}).category
     assert got == category if category != "not device_oom" else got != "device_oom"
+
+
+@pytest.mark.parametrize("text, category", [
+    # Ray's memory monitor (python/ray/exceptions.py OutOfMemoryError).
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n",
+     "host_oom"),
+    # Negative control: another Ray task error is not a host OOM.
+    ("ray.exceptions.RayTaskError(ValueError): ray::SimEnv.step() (pid=4331)\n", "not host_oom"),
+    # Horovod's Gloo rendezvous store (horovod/common/gloo/http_store.cc).
+    ("[1]<stderr>:  what():  [horovod/common/gloo/http_store.cc:53] "
+     "[horovod/common/gloo/http_store.cc:53] Wait timeout for key(s): 0\n", "rendezvous"),
+    # horovodrun's and Open MPI's rank prefixes before an exception line.
+    ("[6]<stderr>:    TypeError: `x` and `y` must have the same dtype, got tf.float32 != "
+     "tf.int32.\n", "user_code"),
+    ("[1,6]<stderr>:RuntimeError: boom\n", "user_code"),
+    # Negative control: a prefixed healthy line.
+    ("[6]<stdout>: step 10 loss 2.31\n", "unknown"),
+])
+def test_ray_oom_horovod_gloo_rendezvous_and_rank_prefixed_exceptions(text, category):
+    got = DIAGNOSER.diagnose_texts({"job.log": text}).category
+    assert got != "host_oom" if category == "not host_oom" else got == category
+
+
+def test_a_horovodrun_prefix_names_the_rank():
+    result = DIAGNOSER.diagnose_texts({"job.log": "[1,6]<stderr>:RuntimeError: boom\n"})
+    assert result.rank == 6

@@ -415,7 +415,8 @@ _RANK_PATTERNS = (re.compile(r"\[rank(\d+)\]"), re.compile(r"\[Rank (\d+)\]"),
                   re.compile(r"\bPG(?: ID)? \d+(?: PG GUID [^\]]*)? Rank (\d+)\]"),
                   re.compile(r"\brank\s*[:=]\s*(\d+)\b", re.I),
                   re.compile(r"\blocal_rank\s*[:=]\s*(\d+)\b"),
-                  re.compile(r"\[default(\d+)\]:"), re.compile(r"\bRank (\d+)\b"))
+                  re.compile(r"\[default(\d+)\]:"), re.compile(r"\bRank (\d+)\b"),
+                  re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:"))
 _NODE_PATTERNS = (
     re.compile(r"^(?:[\d.]+:\s+)?(?:\[\d+\]\s+)?([A-Za-z][\w.-]*):\d+:\d+ \[\d+\]"),  # NCCL
     re.compile(r"^(?:<\d+>)?\w{3} +\d{1,2} \d\d:\d\d:\d\d ([\w.-]+) "),  # syslog
@@ -504,11 +505,12 @@ def _also_seen(matches: list[Match], best: Match) -> str:
 
 _ERRORISH = re.compile(rb"error|exception|fatal|failed|traceback|abort|killed")  # on lower case
 # A Python exception line, "pkg.mod.SomeError: message" (or the bare name) at the start of a
-# line after an optional log prefix such as "[rank1]: " or "E   "; on lower case. Launcher
+# line after an optional log prefix such as "[rank1]: ", horovodrun's "[6]<stderr>:", Open MPI's
+# --tag-output "[1,6]<stderr>:" or "E   "; on lower case. Launcher
 # wrappers that only say a child failed (torchelastic's ChildFailedError, subprocess's
 # CalledProcessError) are not the exception itself.
 _EXCEPTION = re.compile(
-    rb"^(?:\[[^\]\n]{0,40}\]:?\s*|e\s+)?\s*(?:[a-z_][\w]*\.)*"
+    rb"^(?:\[[^\]\n]{0,40}\](?:<std(?:out|err)>)?:?\s*|e\s+)?\s*(?:[a-z_][\w]*\.)*"
     rb"(?!childfailederror|calledprocesserror)(?:[a-z_]\w*error|(?:[a-z_]\w*)?exception)(?::[ \t]|:?[ \t]*\r?$)",
     re.M)
 
@@ -522,8 +524,10 @@ def _unmatched(tails: dict[str, Tail]) -> Diagnosis:
     unknown (module docstring, rule 6)."""
     for name, tail in tails.items():
         if tail.exception:
-            kind = _EXCEPTION_NAME.search(tail.exception.split(": ", 1)[1])
+            text = tail.exception.split(": ", 1)[1]
+            kind = _EXCEPTION_NAME.search(text)
             what = kind.group(1) if kind else "an exception"
+            rank, node = locate(text, name)
             return Diagnosis(
                 category="user_code",
                 root_cause=f"an uncaught Python exception ({what}) that no known failure "
@@ -533,7 +537,7 @@ def _unmatched(tails: dict[str, Tail]) -> Diagnosis:
                 action="read the traceback that ends at this line (the innermost frame in the "
                 "project's own code first); check the configuration and the library versions "
                 "it names",
-                confidence=0.3)
+                confidence=0.3, rank=rank, node=node)
     evidence = next((_evidence_of(name, tail.errorish) for name, tail in tails.items()
                      if tail.errorish), "")
     return Diagnosis(category="unknown", root_cause="no known failure pattern matched",
