@@ -675,3 +675,17 @@ def test_ray_oom_horovod_gloo_rendezvous_and_rank_prefixed_exceptions(text, cate
 def test_a_horovodrun_prefix_names_the_rank():
     result = DIAGNOSER.diagnose_texts({"job.log": "[1,6]<stderr>:RuntimeError: boom\n"})
     assert result.rank == 6
+
+
+@pytest.mark.parametrize("line, category", [
+    # The dynamic loader's dlerror text: a library missing from the environment.
+    ("06/02 00:10:53 - mmengine - WARNING - WARNING: command error: 'libGL.so.1: cannot open "
+     "shared object file: No such file or directory'!", "user_code"),
+    ("ImportError: libcudnn.so.8: cannot open shared object file: No such file or directory",
+     "user_code"),
+    # Negative control: NCCL probing for its optional network plugin in a healthy run.
+    ("node1:2241:2290 [0] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : "
+     "libnccl-net.so: cannot open shared object file: No such file or directory", "unknown"),
+])
+def test_a_missing_shared_library_is_a_setup_error(line, category):
+    assert DIAGNOSER.diagnose_texts({"train.log": line + "\n"}).category == category
