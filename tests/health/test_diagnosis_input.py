@@ -689,3 +689,25 @@ def test_a_horovodrun_prefix_names_the_rank():
 ])
 def test_a_missing_shared_library_is_a_setup_error(line, category):
     assert DIAGNOSER.diagnose_texts({"train.log": line + "\n"}).category == category
+
+
+_LIGHTNING_START = """Multi-processing is handled by Slurm.
+GPU available: True, used: True
+initializing ddp: GLOBAL_RANK: 0, MEMBER: 1/8
+"""
+
+
+@pytest.mark.parametrize("text, category", [
+    # The log stops at Lightning's rendezvous line: the other ranks never joined.
+    (_LIGHTNING_START, "rendezvous"),
+    (_LIGHTNING_START.replace("initializing ddp", "Initializing distributed") + "\n\n",
+     "rendezvous"),
+    # Negative control: the same line followed by training is a healthy start.
+    (_LIGHTNING_START + "  | Name  | Type | Params\nEpoch 0:  10%| 100/1000 [00:10<01:30, "
+     "loss=2.31]\n", "unknown"),
+])
+def test_a_log_that_stops_at_lightnings_rendezvous_line(text, category):
+    result = DIAGNOSER.diagnose_texts({"rank0.log": text})
+    assert result.category == category
+    if category == "rendezvous":
+        assert result.rank == 0 and "GLOBAL_RANK: 0" in result.evidence

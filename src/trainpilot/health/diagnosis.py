@@ -21,7 +21,9 @@ How a diagnosis is chosen (documented in docs/health.md):
    launcher's wrapper such as torchelastic's ChildFailedError) was printed is called user_code
    at low confidence, with the last such line as evidence: an uncaught exception that no known
    cause explains is most often the training code, its configuration or a library version
-   mismatch. Without one the verdict is unknown.
+   mismatch. A log that ends on Lightning's "initializing distributed: GLOBAL_RANK: r, MEMBER:
+   m/n" line stopped in the rendezvous (rendezvous, low confidence). Otherwise the verdict is
+   unknown.
 7. The verdict names the rank and node of its evidence line where the line (or its file name)
    says them: ``[rank3]:``, ``[Rank 3]``, ``rank: 3``, torchelastic's ``[default3]:`` (a local
    rank), NCCL's ``host:pid:tid [dev]`` prefix, syslog's host field, ``rank3.log``.
@@ -471,17 +473,30 @@ def _last_line(chunk: Chunk, rx: re.Pattern[bytes]) -> str | None:
     return f"{line_no}: {line.strip()}"
 
 
+def _last_nonempty_line(chunk: Chunk) -> str | None:
+    """The chunk's last line that is not blank, as 'line_no: text'."""
+    data = chunk.low
+    end = len(data.rstrip())
+    if end == 0:
+        return None
+    start = data.rfind(b"\n", 0, end) + 1
+    line_no = chunk.first_line + count_newlines(data, 0, start)
+    return f"{line_no}: {chunk.line(start, end).strip()}"
+
+
 @dataclass(frozen=True)
 class Tail:
-    """The last error-ish line and the last Python exception line of a log so far (for a
-    verdict without a pattern match), each as 'line_no: text'."""
+    """The last error-ish line, the last Python exception line and the last line of a log so
+    far (for a verdict without a pattern match), each as 'line_no: text'."""
 
     errorish: str | None = None
     exception: str | None = None
+    last: str | None = None
 
     def after(self, chunk: Chunk) -> Tail:
         return Tail(_last_line(chunk, _ERRORISH) or self.errorish,
-                    _last_line(chunk, _EXCEPTION) or self.exception)
+                    _last_line(chunk, _EXCEPTION) or self.exception,
+                    _last_nonempty_line(chunk) or self.last)
 
 
 def _evidence(match: Match) -> str:
@@ -515,6 +530,14 @@ _EXCEPTION = re.compile(
     re.M)
 
 
+# Lightning's line as each rank enters torch.distributed's rendezvous (lightning_fabric/utilities/
+# distributed.py "Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/{world}";
+# pytorch_lightning <= 1.5 "initializing ddp: GLOBAL_RANK: ..."). A log whose last line is this
+# one stopped where the ranks meet.
+_AT_RENDEZVOUS = re.compile(r"initializing (?:ddp|distributed): GLOBAL_RANK: \d+, MEMBER: \d+/\d+",
+                            re.I)
+
+
 def _evidence_of(name: str, line: str) -> str:
     return f"{name}:{line}"[:MAX_EVIDENCE_CHARS + len(name) + 12]
 
@@ -538,6 +561,21 @@ def _unmatched(tails: dict[str, Tail]) -> Diagnosis:
                 "project's own code first); check the configuration and the library versions "
                 "it names",
                 confidence=0.3, rank=rank, node=node)
+    for name, tail in tails.items():
+        if tail.last and _AT_RENDEZVOUS.search(tail.last):
+            text = tail.last.split(": ", 1)[1]
+            rank, node = locate(text, name)
+            return Diagnosis(
+                category="rendezvous",
+                root_cause="the log stops where the ranks meet (Lightning's \"initializing "
+                "distributed\" line is its last): not every rank joined the rendezvous (the "
+                "launcher started only some processes, e.g. sbatch without srun, or a wrong "
+                "MASTER_ADDR / port)",
+                evidence=_evidence_of(name, tail.last),
+                action="check that every rank was launched (under Slurm, run the script with "
+                "srun and --ntasks-per-node = GPUs per node) and that all reach MASTER_ADDR: "
+                "MASTER_PORT",
+                confidence=0.4, rank=rank, node=node)
     evidence = next((_evidence_of(name, tail.errorish) for name, tail in tails.items()
                      if tail.errorish), "")
     return Diagnosis(category="unknown", root_cause="no known failure pattern matched",
