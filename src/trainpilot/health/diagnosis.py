@@ -542,40 +542,40 @@ def _evidence_of(name: str, line: str) -> str:
     return f"{name}:{line}"[:MAX_EVIDENCE_CHARS + len(name) + 12]
 
 
+def _read_from(name: str, line: str, **verdict: Any) -> Diagnosis:
+    """A verdict whose evidence is ``line`` ('line_no: text') of log ``name``, with the rank and
+    node the line names."""
+    rank, node = locate(line.split(": ", 1)[1], name)
+    return Diagnosis(evidence=_evidence_of(name, line), rank=rank, node=node, **verdict)
+
+
 def _unmatched(tails: dict[str, Tail]) -> Diagnosis:
-    """The verdict when no pattern matched: user_code on an uncaught Python exception, else
-    unknown (module docstring, rule 6)."""
+    """The verdict when no pattern matched (module docstring, rule 6): user_code on an
+    uncaught Python exception, rendezvous on a log that ends at Lightning's rendezvous line,
+    else unknown."""
     for name, tail in tails.items():
         if tail.exception:
-            text = tail.exception.split(": ", 1)[1]
-            kind = _EXCEPTION_NAME.search(text)
+            kind = _EXCEPTION_NAME.search(tail.exception.split(": ", 1)[1])
             what = kind.group(1) if kind else "an exception"
-            rank, node = locate(text, name)
-            return Diagnosis(
-                category="user_code",
+            return _read_from(
+                name, tail.exception, category="user_code", confidence=0.3,
                 root_cause=f"an uncaught Python exception ({what}) that no known failure "
                 "pattern explains: most often the training code, its configuration or a "
                 "library version mismatch",
-                evidence=_evidence_of(name, tail.exception),
                 action="read the traceback that ends at this line (the innermost frame in the "
                 "project's own code first); check the configuration and the library versions "
-                "it names",
-                confidence=0.3, rank=rank, node=node)
+                "it names")
     for name, tail in tails.items():
         if tail.last and _AT_RENDEZVOUS.search(tail.last):
-            text = tail.last.split(": ", 1)[1]
-            rank, node = locate(text, name)
-            return Diagnosis(
-                category="rendezvous",
+            return _read_from(
+                name, tail.last, category="rendezvous", confidence=0.4,
                 root_cause="the log stops where the ranks meet (Lightning's \"initializing "
                 "distributed\" line is its last): not every rank joined the rendezvous (the "
                 "launcher started only some processes, e.g. sbatch without srun, or a wrong "
                 "MASTER_ADDR / port)",
-                evidence=_evidence_of(name, tail.last),
                 action="check that every rank was launched (under Slurm, run the script with "
                 "srun and --ntasks-per-node = GPUs per node) and that all reach MASTER_ADDR: "
-                "MASTER_PORT",
-                confidence=0.4, rank=rank, node=node)
+                "MASTER_PORT")
     evidence = next((_evidence_of(name, tail.errorish) for name, tail in tails.items()
                      if tail.errorish), "")
     return Diagnosis(category="unknown", root_cause="no known failure pattern matched",
