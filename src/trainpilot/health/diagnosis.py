@@ -310,8 +310,9 @@ class Diagnoser:
 
     def scan_chunks(self, name: str, chunks: Iterable[Chunk], *, default_year: int | None = None,
                     ) -> tuple[list[Match], Tail]:
-        """(every matched line of one log, its last error-ish and last exception lines for a
-        verdict without a match). Streams: only a chunk and a small look-back are in memory."""
+        """(every matched line of one log, its tail: the last error-ish, exception and
+        non-blank lines, for a verdict without a match). Streams: only a chunk and a small
+        look-back are in memory."""
         out: list[Match] = []
         metrics = MetricScanner() if self.metric_rules else None
         tail = Tail()
