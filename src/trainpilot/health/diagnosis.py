@@ -477,8 +477,9 @@ def _last_line(chunk: Chunk, rx: re.Pattern[bytes]) -> str | None:
 def _last_nonempty_line(chunk: Chunk) -> str | None:
     """The chunk's last line that is not blank, as 'line_no: text'."""
     data = chunk.low
-    end = len(data.rstrip())
-    if end == 0:
+    base = max(0, len(data) - (1 << 16))  # the chunk's last 64 KB, as for the other tail lines
+    end = base + len(data[base:].rstrip())
+    if end == base:
         return None
     start = data.rfind(b"\n", 0, end) + 1
     line_no = chunk.first_line + count_newlines(data, 0, start)
