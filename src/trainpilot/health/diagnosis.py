@@ -469,9 +469,7 @@ def _last_line(chunk: Chunk, rx: re.Pattern[bytes]) -> str | None:
     pos = starts[-1]
     start = data.rfind(b"\n", 0, pos) + 1
     end = data.find(b"\n", pos)
-    line = chunk.line(start, len(data) if end < 0 else end)
-    line_no = chunk.first_line + count_newlines(data, 0, start)
-    return f"{line_no}: {line.strip()}"
+    return _numbered(chunk, start, len(data) if end < 0 else end)
 
 
 def _last_nonempty_line(chunk: Chunk) -> str | None:
@@ -481,8 +479,13 @@ def _last_nonempty_line(chunk: Chunk) -> str | None:
     end = base + len(data[base:].rstrip())
     if end == base:
         return None
-    start = data.rfind(b"\n", 0, end) + 1
-    line_no = chunk.first_line + count_newlines(data, 0, start)
+    return _numbered(chunk, data.rfind(b"\n", 0, end) + 1, end)
+
+
+def _numbered(chunk: Chunk, start: int, end: int) -> str:
+    """The chunk's line from byte ``start`` to ``end`` as 'line_no: text'. The tail lines sit
+    near the chunk's end, so the breaks after ``start`` are counted, not the megabytes before."""
+    line_no = chunk.first_line + chunk.num_lines - count_newlines(chunk.low, start)
     return f"{line_no}: {chunk.line(start, end).strip()}"
 
 
