@@ -36,7 +36,7 @@ def test_shipped_b200_curve_is_the_derived_one():
 
 
 def test_same_method_on_the_sm90_table_gives_the_h100_curve():
-    """The h100 curve was built from an older sm_90 table by the same binning and 0.763: on
+    """The h100 curve was built from an older sm_90 table by the same binning and its share: on
     this table's large GEMMs (where training spends its time) the method lands within 10%."""
     h100 = load_curves()["h100"]
     derived = dict(gemm_table.derived_points("sm_90", 989e12, gemm_table.H100_SUSTAINED_SHARE))

@@ -298,3 +298,28 @@ def test_bias_is_signed_in_speed_whatever_the_published_quantity():
     assert [r.speed_error for r in results] == [pytest.approx(1.0), pytest.approx(1.0)]
     (mine,) = [s for s in summarize(results) if s.dataset == step.dataset]
     assert mine.bias == pytest.approx(1.0) and mine.mape == pytest.approx(0.75)
+
+
+def test_the_shipped_h100_data_is_what_its_calibration_procedure_gives():
+    """The h100 data is a fixed point of ``validate --calibrate h100`` (its factor on the GEMM
+    table and its fused-attention factor, fitted on dgxc_2024): a model change that moves the
+    calibration rows must refit it (it once went six days without). Checked with a short run
+    from the shipped data: the fit gains under 0.2 points and moves the GEMM factor under 1%.
+    Negative control: the data before the 2026-12-07 refit (factor 0.763 / 0.721 = 1.058x,
+    fused attention 0.685) leaves 0.5 points or more to gain."""
+    import dataclasses
+
+    from trainpilot.perf.validation.calibrate import calibrate
+
+    cases = [c for c in all_cases(find_vtrain=False) if c.dataset == "dgxc_2024"]
+    shipped = load_curves()["h100"]
+    fit = calibrate(cases, shipped, max_evals=40)
+    assert fit.start_mape - fit.mape < 0.002
+    top = shipped.gemm_points[-1][1]
+    assert fit.curve.gemm_points[-1][1] == pytest.approx(top, rel=0.01)
+    scale = 0.763 / 0.7212
+    stale = dataclasses.replace(
+        shipped, gemm_points=tuple((x, v * scale) for x, v in shipped.gemm_points),
+        fused_attention_efficiency=0.685)
+    old = calibrate(cases, stale, max_evals=40)
+    assert old.start_mape - old.mape >= 0.005

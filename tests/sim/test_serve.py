@@ -428,3 +428,79 @@ def test_unmixed_batching_prefills_in_passes_of_their_own():
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["output_tokens_per_s_per_instance"] == pytest.approx(
         unmixed.output_tokens_per_s_per_instance)
+
+
+def test_host_time_per_pass_is_paid_by_every_prefill_and_decode_pass():
+    """A runtime's ``host_step_ms`` adds to each forward pass exactly once: a static batch of one
+    sequence pays it in its prefill (TTFT) and in each decode step (TPOT)."""
+    model, cluster = load_model("llama3-8b"), load_cluster("h100-sxm-x8")
+    base = ServePlan(input_len=32, output_len=128, batching="static", batch_size=1,
+                     weight_dtype="bf16", kv_dtype="bf16")
+    slow = base.replace(runtime=dict(name="slow-host", host_step_ms=2.0))
+    fast_r, slow_r = simulate_serve(model, cluster, base, EFF), simulate_serve(
+        model, cluster, slow, EFF)
+    assert slow_r.tpot_s - fast_r.tpot_s == pytest.approx(2e-3, rel=1e-6)
+    assert slow_r.ttft_s - fast_r.ttft_s == pytest.approx(2e-3, rel=1e-6)
+    assert slow_r.phases["decode"].seconds["overhead"] > fast_r.phases["decode"].seconds[
+        "overhead"]
+    with pytest.raises(SpecError, match="host_step_ms"):
+        load_serve_plan(dict(input_len=1, output_len=1,
+                             runtime=dict(name="x", host_step_ms=-1.0)))
+
+
+def test_vllm_v0_host_time_is_what_its_calibration_source_measured():
+    """The vllm-v0 profile's host time is the fit on its calibration source (vLLM PR #10933:
+    Llama-3-8B at batch 1 on main, 0.970 s for 32 in / 128 out), to the 0.05 ms it is rounded
+    to; no held-out row enters the fit; the GPU-side calibration leaves that row out. Negative
+    controls: the same row costed without host time is >10% optimistic, and a row measured at
+    the host-free prediction fits 0."""
+    from trainpilot.specs.serve import RUNTIME_PRESETS, VLLM_V0_HOST_STEP_MS
+
+    cases = serve_validation.load_cases()
+    fitted = serve_validation.fit_host_step("vllm-v0", cases=cases)
+    assert abs(fitted - VLLM_V0_HOST_STEP_MS) <= 0.05
+    assert RUNTIME_PRESETS["vllm-v0"]["host_step_ms"] == VLLM_V0_HOST_STEP_MS
+    assert RUNTIME_PRESETS["vllm-v0-triton-moe"]["host_step_ms"] == VLLM_V0_HOST_STEP_MS
+    (row,) = [c for c in cases if c.source == "vllm-pr10933"]
+    assert row.split == "calibration"
+    eff = serve_validation.calibrated_efficiency()
+    bare = dataclasses.replace(row, plan=row.plan.replace(runtime={}))
+    assert serve_validation.predict(bare, eff).error > 0.10
+    assert abs(serve_validation.predict(row, eff).error) < 0.01
+    at_model = dataclasses.replace(row, measured=serve_validation.predict(
+        dataclasses.replace(row, plan=row.plan.replace(
+            runtime=dict(name="vllm-v0", host_step_ms=0.0))), eff).predicted)
+    assert serve_validation.fit_host_step("vllm-v0", eff, [at_model]) == pytest.approx(
+        0.0, abs=1e-6)
+    held = [c for c in cases if c.split == "held_out"] + [row]
+    seen = []
+    real = serve_validation.predict
+
+    def spy(case, eff):
+        seen.append(case.split)
+        return real(case, eff)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(serve_validation, "predict", spy):
+        serve_validation.fit_host_step("vllm-v0", eff, held)
+    assert set(seen) == {"calibration"}
+    with pytest.raises(SpecError, match="no calibration row"):
+        serve_validation.fit_host_step("trtllm-0.5", eff, held)
+    # The GPU-side fit never reads a row whose runtime carries host time.
+    gpu_rows = [c for c in cases if c.split == "calibration" and not
+                c.plan.runtime.host_step_ms]
+    assert row not in gpu_rows and len(gpu_rows) == 66
+
+
+def test_the_shipped_calibration_is_what_the_calibration_procedure_gives():
+    """``data/serve_calibration.yaml`` holds what ``calibrate`` fits today (to its 4 decimals):
+    a cost-model change that moves the calibration rows must refit it (it once stayed at an
+    older model's values for a day of changes). Negative control: a file value off by 0.05
+    is caught."""
+    fitted, _ = serve_validation.calibrate()
+    shipped = serve_validation.calibrated_efficiency()
+    for name in serve_validation.FITTED:
+        assert getattr(fitted, name) == pytest.approx(getattr(shipped, name), abs=2e-4), name
+    stale = shipped.replace(kernel_gap_us=shipped.kernel_gap_us + 0.05)
+    assert stale.kernel_gap_us != pytest.approx(fitted.kernel_gap_us, abs=2e-4)

@@ -86,12 +86,19 @@ def run(args: argparse.Namespace) -> int:
     from trainpilot.specs import SpecError, load_cluster, load_model
 
     if args.calibrate:
+        from trainpilot.sim.serve_validation import fit_host_step
+        from trainpilot.specs.serve import RUNTIME_PRESETS
+
         eff, mape = calibrate()
+        host = {name: fit_host_step(name, eff) for name, preset in RUNTIME_PRESETS.items()
+                if preset.get("host_step_ms") and "triton" not in name}
         out = dict(fitted={k: getattr(eff, k) for k in _fitted_names()},
-                   calibration_mean_abs_error=mape)
+                   calibration_mean_abs_error=mape, host_step_ms=host)
         print_json(out) if args.json else console.print(
             f"fitted on the calibration sources only: {out['fitted']}; calibration mean "
-            f"|error| {mape:.1%}")
+            f"|error| {mape:.1%}; host time per pass (ms), each runtime on its own calibration "
+            "rows: " + ", ".join(f"{k} {v:.2f} (preset {RUNTIME_PRESETS[k]['host_step_ms']})"
+                                 for k, v in host.items()))
         return 0
     eff = ServeEfficiency() if args.uncalibrated else calibrated_efficiency()
     if args.validate:

@@ -8,7 +8,8 @@ of the shapes whose FLOPs fall in a half-decade bin around it, over the device's
 times the share of the burst throughput sustained in training:
 
 * H100 (``efficiency.yaml``'s h100 curve, built earlier from the same project's sm_90 table):
-  0.763, the one factor fitted on the H100 calibration source (NVIDIA's DGX Cloud recipes);
+  0.721, the one factor fitted on the H100 calibration source (NVIDIA's DGX Cloud recipes;
+  0.763 until the refit of 2026-12-07, see ``efficiency.yaml``);
 * B200: that factor times the B200's measured sustained-over-burst ratio relative to the
   H200's (``sustained_over_burst``), so the only fitted number stays the H100 one and the
   B200's extra loss under power saturation is a measurement, not a fit.
@@ -25,8 +26,8 @@ from functools import cache
 from importlib import resources
 
 # The share of OpenXLA's burst GEMM table sustained in multi-hour training on H100, fitted on
-# dgxc_2024 (perf/validation/calibrate.py: the h100 curve's scale).
-H100_SUSTAINED_SHARE = 0.763
+# dgxc_2024 (perf/validation/calibrate.py: the h100 curve's scale; 0.763 x the refit's 0.9452).
+H100_SUSTAINED_SHARE = 0.7212
 # (sustained, burst) bf16 matmul TFLOP/s - MSMF, the GPU soaked at its power limit, and MAMF,
 # the best-shape boost burst - measured with the same tool and protocol on both chips, all 8
 # GPUs of a node computing, 5 rounds: S. Bekman, ml-engineering,
@@ -78,7 +79,7 @@ def sustained_over_burst(device: str) -> float:
 
 def b200_sustained_share() -> float:
     """The H100's fitted sustained share, scaled by the B200's measured power-saturation loss
-    relative to the H200's (0.733)."""
+    relative to the H200's (0.693)."""
     return H100_SUSTAINED_SHARE * sustained_over_burst("b200") / sustained_over_burst("hopper")
 
 
@@ -107,7 +108,7 @@ def derived_points(arch: str, peak_flops: float, share: float) -> tuple[tuple[fl
 def saturation_share(device: str) -> float:
     """Where the curve ends for GEMMs far beyond the table: the same fraction of the device's
     measured sustained best-shape rate (MSMF over its dense peak) as the h100 curve ends at
-    (0.618 of peak against the H200's MSMF of 0.706: 0.875). On H100 the table's top bins have
+    (0.585 of peak against the H200's MSMF of 0.706: 0.827). On H100 the table's top bins have
     already levelled off there; on B200 they still rise at the table's largest shapes (5.5e11
     FLOPs), so the curve is extended to that level at ``SATURATION_LOG10``."""
     def msmf_share(name: str) -> float:
@@ -118,7 +119,7 @@ def saturation_share(device: str) -> float:
 
 # The h100 curve's last point (efficiency.yaml), and where a table that has not levelled off
 # is extended to its saturation: 1e12.5 FLOPs, ~6x the table's largest GEMM.
-H100_CURVE_END = 0.61838
+H100_CURVE_END = 0.58452
 SATURATION_LOG10 = 12.5
 
 

@@ -7,7 +7,8 @@ latency; constants fitted to DeepGEMM's published table, not to any serving row)
 ops cost max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x efficiency)). Each is
 booked under the bound that set it (compute, HBM weights, HBM KV cache, HBM activations);
 collectives cost what ``perf.topology.Network`` says for their group's span; each layer pays
-its kernels' launch gaps (``kernels_per_layer``) and each pass a host step overhead. The plan's
+its kernels' launch gaps (``kernels_per_layer``) and each pass a host step overhead (the
+calibrated ``step_overhead_s`` plus the runtime's ``host_step_ms``). The plan's
 ``runtime`` (``specs.serve.ServeRuntime``) says which GEMM kernel class the stack ships and
 whether its decode attention shares a KV head's reads across its query heads. Nothing here is
 fitted to a case: the knobs are in ``ServeEfficiency`` with their sources, and
@@ -519,7 +520,7 @@ def pass_cost(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, layout: I
                             layer_kind(model, plan, model.num_layers // 2, moe=model.is_moe))
         layer.add("all_to_all", a2a)
         total = total.merged(layer.scaled(plan.speculative.num_draft_tokens))
-    total.add("overhead", eff.step_overhead_s)
+    total.add("overhead", eff.step_overhead_s + plan.runtime.host_step_ms * 1e-3)
     return total
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Literal
 
 import pydantic
-from pydantic import NonNegativeInt, PositiveInt
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveInt
 
 from trainpilot.specs.base import Spec
 from trainpilot.specs.errors import SpecError
@@ -99,12 +99,29 @@ class ServeRuntime(Spec):
     from ``gemm_kernels`` (None: the same): "triton-moe-2025" is the Triton fused-MoE kernel
     with block-scaled FP8 weights that vLLM 0.7 and SGLang 0.4 ran for tensor-parallel
     experts in early 2025, as vLLM's kernel benchmark measured it for DeepSeek-V3's experts on
-    H100 (``trainpilot.sim.serve_gemm``: about 0.39 of HBM bandwidth, 0.08 of the FP8 peak)."""
+    H100 (``trainpilot.sim.serve_gemm``: about 0.39 of HBM bandwidth, 0.08 of the FP8 peak).
+
+    ``host_step_ms`` is the engine's host (CPU) time per forward pass that the GPU waits for:
+    scheduling the step, building its input tensors, the sampler's device-to-host copy and
+    turning the sampled ids into Python outputs. A C++ runtime with CUDA graphs (TensorRT-LLM)
+    or an engine that overlaps this work with the previous step's GPU time has ~0 (the
+    default; what the calibration sources ran); vLLM's V0 engine, which does it between steps,
+    has ``VLLM_V0_HOST_STEP_MS``. Every prefill and decode pass pays it."""
 
     name: str = "current"
     gemm_kernels: Literal["deepgemm", "cutlass-3.6"] = "deepgemm"
     gqa_kv_reuse: bool = True
     moe_gemm_kernels: Literal["deepgemm", "cutlass-3.6", "triton-moe-2025"] | None = None
+    host_step_ms: NonNegativeFloat = 0.0
+
+
+# vLLM's V0 engine (0.6.x-0.7.x, and 0.8.x with VLLM_USE_V1=0: async output processing on,
+# one scheduler step per forward): its host time per pass, fitted by
+# ``trainpilot.sim.serve_validation.fit_host_step`` on the calibration source vllm-pr10933
+# (benchmark_latency, Llama-3-8B, batch 1, on vLLM's main branch of 2024-12-05) and rounded to
+# 0.05 ms; tests/sim check that the fit still gives it. vLLM 0.5.x, before async output
+# processing, left more (4-13 ms of GPU idle per decode step in its RFC #6854's traces).
+VLLM_V0_HOST_STEP_MS = 1.35
 
 
 # Runtime profiles of the stacks the validation rows were measured on (each documented above).
@@ -117,6 +134,11 @@ RUNTIME_PRESETS: dict[str, dict] = {
     # vLLM 0.7 and SGLang 0.4 (Jan-Mar 2025) with block-FP8 experts run tensor-parallel: the
     # Triton fused-MoE kernel (DeepGEMM reached their MoE paths later, and only with EP).
     "triton-moe-2025": dict(name="triton-moe-2025", moe_gemm_kernels="triton-moe-2025"),
+    # vLLM's V0 engine (0.6-0.7): current kernels, host time between passes (above).
+    "vllm-v0": dict(name="vllm-v0", host_step_ms=VLLM_V0_HOST_STEP_MS),
+    # vLLM 0.7's V0 engine serving block-FP8 experts tensor-parallel: both of the above.
+    "vllm-v0-triton-moe": dict(name="vllm-v0-triton-moe", moe_gemm_kernels="triton-moe-2025",
+                               host_step_ms=VLLM_V0_HOST_STEP_MS),
 }
 
 

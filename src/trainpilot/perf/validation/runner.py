@@ -31,8 +31,9 @@ from trainpilot.specs import SpecError, check_job
 THRESHOLDS = {"time": 0.10, "memory": 0.05}
 # Llama 3 405B: 10.0% before issue 14; 13.0% once the H100 data was calibrated on NVIDIA's
 # Megatron-Core recipes (Meta's stack is not Megatron: its attention kernel and overlap are not
-# published), so its regression gate is 15%.
-DATASET_THRESHOLDS = {"llama3_2024": 0.15}
+# published), so its regression gate was 15%; 16.8% since the H100 data was refitted by its own
+# procedure on 2026-12-07 (below): 18%.
+DATASET_THRESHOLDS = {"llama3_2024": 0.18}
 # Committed gates on the held-out sources, pooled over their time rows: regression gates at the
 # errors reached, not issue 14's targets of 10% and 15%, which are not met (docs/cost_model.md,
 # "Validation"). Pooled over every batch (14.8% dense over 401 rows, 33.5% MoE over 97, since
@@ -97,12 +98,18 @@ DATASET_THRESHOLDS = {"llama3_2024": 0.15}
 # measured step stays at 67-82 s as the GPUs go from 384 to 1,536 at a fixed global batch, a
 # per-step cost the model does not have); pooled dense 11.5 -> 13.4% (530): the pooled gate
 # moves to 13.5%.
-HELD_OUT_GATES = {"dense": 0.135, "moe": 0.25}
-BATCH_GATES = {1: {"dense": 0.12, "moe": 0.18}, 2: {"dense": 0.22, "moe": 0.38},
+# The H100 data refitted by `trainpilot validate --calibrate h100` on 2026-12-07 (it had not been
+# refitted since 2026-12-01 while the model changed under it: the shipped data fitted dgxc_2024 at
+# 4.5%, the refit 3.6%; GEMM factor 0.763 -> 0.721, fused attention 0.685 -> 0.974 of a GEMM) and
+# the B200 curve derived from it again: pooled dense 13.4 -> 13.6%, MoE 23.2 -> 22.1%; the gates
+# of the pooled dense rows, batches 1 (MoE), 2, 5, 8 and 12 follow. Not a choice made on held-out
+# rows: the procedure's output, whatever it did to them.
+HELD_OUT_GATES = {"dense": 0.14, "moe": 0.25}
+BATCH_GATES = {1: {"dense": 0.12, "moe": 0.19}, 2: {"dense": 0.23, "moe": 0.38},
                3: {"dense": 0.05, "moe": 0.16}, 4: {"dense": 0.155, "moe": 0.22},
-               5: {"dense": 0.08}, 6: {"dense": 0.14, "moe": 0.39},
-               7: {"dense": 0.24}, 8: {"dense": 0.05}, 10: {"dense": 0.22},
-               11: {"dense": 0.07, "moe": 0.34}, 12: {"dense": 0.43}}
+               5: {"dense": 0.10}, 6: {"dense": 0.14, "moe": 0.39},
+               7: {"dense": 0.24}, 8: {"dense": 0.065}, 10: {"dense": 0.22},
+               11: {"dense": 0.07, "moe": 0.34}, 12: {"dense": 0.44}}
 TARGETS = {"dense": 0.10, "moe": 0.15}
 TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
