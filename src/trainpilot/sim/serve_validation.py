@@ -33,10 +33,11 @@ HELD_OUT_TARGET = 0.15  # issue 19's target for the pooled held-out mean |error|
 # 54.3%, blind, 2026-12-07). On 2026-12-07 the calibration, stale since 4f35ba3, was refitted by
 # `calibrate` (batches 1-6: 18.2, 24.2, 14.5, 56.0, 19.2, 54.7%) and vLLM V0's host time per pass
 # priced (the vllm-v0 profile, fitted on the calibration source vllm-pr10933; not blind:
-# batch 3 13.9%, batch 4 28.7%); the gates of batches 2, 4 and 5 follow:
+# batch 3 13.9%, batch 4 28.7%); the gates of batches 2, 4 and 5 follow; batch 7 (blind, scored
+# once after both, 2026-12-07: 17.9%; 38.4% had its rows been costed without vllm-v0's host time):
 # they fail if the model gets worse than it is, and a batch with no gate fails until one is
 # committed with its first score.
-HELD_OUT_GATES = {1: 0.20, 2: 0.26, 3: 0.14, 4: 0.30, 5: 0.21, 6: 0.56}
+HELD_OUT_GATES = {1: 0.20, 2: 0.26, 3: 0.14, 4: 0.30, 5: 0.21, 6: 0.56, 7: 0.19}
 _DATA = "serve_validation.yaml"
 _CALIBRATION = "serve_calibration.yaml"
 _CASE_KEYS = {"id", "model", "cluster", "plan", "metric", "measured"}
