@@ -74,3 +74,45 @@ def test_a_save_abandoned_by_rebind_never_runs_on_the_new_group(tmp_path):
     assert result["calls"] == [[3, False], [6, True]], result
     assert result["first_error"], result  # it failed, and reported it
     assert result["reports"] == [6] and result["storage_saves"] == 1, result
+
+
+def test_an_abandoned_save_that_plans_late_leaves_the_folders_alone(tmp_path):
+    """The other half of the same failure: the abandoned save's collectives on the old group
+    can complete after the partition heals, and its coordinator then plans late. Planning sets
+    aside newer folders and deletes those without a manifest, which by then include the new
+    timeline's save in progress (CI's 10 s partition test once ended with a committed step 9
+    whose data files were gone, and an empty step 3 folder the late planning had created). A
+    stale save's writer must raise and touch nothing; the current one plans as before.
+    Negative control: the same late planning without the guard deletes the new save's data."""
+    import pytest
+    from torch.distributed.checkpoint.planner import SavePlan
+
+    from trainpilot.runtime.checkpoint import CheckpointConfig, Checkpointer
+    from trainpilot.runtime.checkpoint.storage import CheckpointWriter
+
+    root = tmp_path / "ckpt"
+    ckpt = Checkpointer(CheckpointConfig(root_dir=root, in_memory_peer=False))
+    stale = ckpt._generation
+    ckpt.rebind(drain_timeout_s=0)  # in-process recovery: the save of ``stale`` is abandoned
+    current = CheckpointWriter(root=root, step=6, guard=lambda: ckpt._current(ckpt._generation))
+    current.prepare_global_plan([SavePlan([])])
+    assert (root / "step_0000000006").is_dir()
+
+    def save_in_progress():
+        folder = root / "step_0000000009"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "data_r0_0.bin").write_bytes(b"the new timeline's step 9")
+        return folder / "data_r0_0.bin"
+
+    data = save_in_progress()
+    late = CheckpointWriter(root=root, step=3, guard=lambda: ckpt._current(stale))
+    with pytest.raises(RuntimeError, match="abandoned"):
+        late.prepare_global_plan([SavePlan([])])
+    with pytest.raises(RuntimeError, match="abandoned"):
+        late.write_data(SavePlan([]), None)
+    assert data.read_bytes() == b"the new timeline's step 9"
+    assert not (root / "step_0000000003").exists()
+    ckpt.close()
+    unguarded = CheckpointWriter(root=root, step=3)
+    unguarded.prepare_global_plan([SavePlan([])])
+    assert not data.exists() and (root / "step_0000000003").is_dir()

@@ -16,11 +16,14 @@ sampler cursor); RNG states of every rank are captured and restored automaticall
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -114,7 +117,9 @@ class Checkpointer:
         self.errors: list[CheckpointWriteError] = []
         # Bumped by every rebind: a save abandoned on the old group sees it and stops (its
         # thread cannot be killed), never reaching the new group or the shared state below.
+        # The lock orders the bump against a save's disk steps (``_current``).
         self._generation = 0
+        self._generation_lock = threading.Lock()
         self.rebind(process_group)
         self.node_memory: NodeMemory | None = None
         if config.node_memory_dir is not None:
@@ -132,7 +137,8 @@ class Checkpointer:
         to finish, then is abandoned (after a failure its collectives cannot complete)."""
         self._drain(raise_errors=False, timeout_s=self.config.drain_timeout_s
                     if drain_timeout_s is None else drain_timeout_s)
-        self._generation += 1
+        with self._generation_lock:
+            self._generation += 1
         self._destroy_group()
         if dist.is_available() and dist.is_initialized():
             pg = process_group if process_group is not None else dist.group.WORLD
@@ -270,6 +276,20 @@ class Checkpointer:
         return _Bound(group=self.group, peer_offset=self.peer_offset,
                       generation=self._generation)
 
+    @contextlib.contextmanager
+    def _current(self, generation: int) -> Iterator[None]:
+        """Hold off a rebind while a save of ``generation`` touches the checkpoint folders;
+        raise if a rebind already made it stale. An abandoned save's collectives on the old
+        group can complete after the heal: its coordinator then planned late (setting aside
+        and deleting the folders without a manifest, the new timeline's save in progress
+        among them: a committed step whose data files were gone, seen once in CI's 10 s
+        partition test)."""
+        with self._generation_lock:
+            if generation != self._generation:
+                raise RuntimeError("abandoned: the checkpoint group was rebuilt while this "
+                                   "save ran; it leaves the checkpoint folders alone")
+            yield
+
     def _check_current(self, snap: HostSnapshot, bound: _Bound) -> None:
         """Stop a save whose group was replaced while it ran (abandoned by ``rebind``)."""
         if bound.generation != self._generation:
@@ -339,6 +359,7 @@ class Checkpointer:
             root=self.root, step=snap.step, compression="zstd" if cfg.compress else "raw",
             zstd_level=cfg.zstd_level, max_file_bytes=cfg.max_file_bytes,
             base=None if full else self._base, base_name=self._base_name, faults=self.faults,
+            guard=lambda: self._current(bound.generation),
         )
         group = bound.group
         state = snap.dcp_state(rank=group.rank, is_coordinator=group.rank == 0)

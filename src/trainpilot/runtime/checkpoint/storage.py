@@ -15,6 +15,7 @@ import os
 import time
 import zlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -129,13 +130,20 @@ class CheckpointWriter(StorageWriter):
 
     ``base`` maps a chunk's SHA-256 to its location in ``base_name``, an older committed
     checkpoint (incremental); ``faults`` is a FaultInjector (runtime.faults) or None.
+    ``guard`` returns a context manager that raises when this save no longer belongs to the
+    run's current timeline (the checkpointer's group was rebuilt while it ran) and holds off a
+    rebuild while it is open: the writer touches the folders under it, so an abandoned save
+    whose collectives complete late never sets aside, deletes or commits anything the new
+    timeline is writing.
     """
 
     def __init__(self, *, root: Path, step: int, compression: str = "raw", zstd_level: int = 3,
                  max_file_bytes: int = 256 << 20, base: dict[str, dict] | None = None,
                  base_name: str | None = None, faults: Any = None,
-                 extra_body: dict | None = None):
+                 extra_body: dict | None = None,
+                 guard: Callable[[], AbstractContextManager[Any]] | None = None):
         super().__init__()
+        self._guard = guard or nullcontext
         if compression not in CODECS:
             raise ValueError(f"compression {compression!r} not in {CODECS}")
         self.root, self.step, self.name = root, step, layout.step_dir_name(step)
@@ -161,8 +169,9 @@ class CheckpointWriter(StorageWriter):
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # Runs on the coordinator before any rank writes: set aside the abandoned timeline,
         # delete torn folders, then create ours.
-        layout.set_aside_from(self.root, self.step)
-        (self.root / self.name).mkdir(parents=True, exist_ok=True)
+        with self._guard():
+            layout.set_aside_from(self.root, self.step)
+            (self.root / self.name).mkdir(parents=True, exist_ok=True)
         # References are safe only into a checkpoint that is still committed (its manifest
         # protects every file it needs); the coordinator decides for all ranks.
         use_base = (self.base_name is not None and self.base_name != self.name
@@ -175,7 +184,8 @@ class CheckpointWriter(StorageWriter):
                                          file_index=file_index, step_dir=self.root / self.name)
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        (self.root / self.name).mkdir(parents=True, exist_ok=True)
+        with self._guard():
+            (self.root / self.name).mkdir(parents=True, exist_ok=True)
         self._point("start")
         compress = None
         if self.compression == "zstd":
@@ -244,18 +254,20 @@ class CheckpointWriter(StorageWriter):
                 else:
                     totals["bytes_referenced"] += loc["raw"]
         self._point("manifest")
-        # DCP's own metadata beside the manifest (for stock dcp.load; we never read it).
-        dcp_readable = interop.write_dcp_metadata(self.root / self.name, metadata,
-                                                  storage_data, self.name)
-        body = {
-            "step": self.step, "world_size": len(results), "created_unix_s": time.time(),
-            "compression": self.compression, "files": files, "stats": totals,
-            "metadata": dcp_json.encode_metadata(metadata, storage_data),
-            "dcp_readable": dcp_readable, **self.extra_body,
-        }
-        layout.write_manifest(self.root / self.name, body)
+        with self._guard():
+            # DCP's own metadata beside the manifest (for stock dcp.load; we never read it).
+            dcp_readable = interop.write_dcp_metadata(self.root / self.name, metadata,
+                                                      storage_data, self.name)
+            body = {
+                "step": self.step, "world_size": len(results), "created_unix_s": time.time(),
+                "compression": self.compression, "files": files, "stats": totals,
+                "metadata": dcp_json.encode_metadata(metadata, storage_data),
+                "dcp_readable": dcp_readable, **self.extra_body,
+            }
+            layout.write_manifest(self.root / self.name, body)
         self._point("latest")
-        layout.write_latest(self.root, self.name)
+        with self._guard():
+            layout.write_latest(self.root, self.name)
         self.manifest_body = body
         self._point("commit")
 
