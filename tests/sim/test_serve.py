@@ -487,6 +487,7 @@ def test_vllm_v0_host_time_is_what_its_calibration_source_measured():
     assert set(seen) == {"calibration"}
     with pytest.raises(SpecError, match="no calibration row"):
         serve_validation.fit_host_step("trtllm-0.5", eff, held)
+    assert serve_validation.host_step_fits(eff, cases) == {"vllm-v0": pytest.approx(fitted)}
     # The GPU-side fit never reads a row whose runtime carries host time.
     gpu_rows = [c for c in cases if c.split == "calibration" and not
                 c.plan.runtime.host_step_ms]

@@ -86,12 +86,11 @@ def run(args: argparse.Namespace) -> int:
     from trainpilot.specs import SpecError, load_cluster, load_model
 
     if args.calibrate:
-        from trainpilot.sim.serve_validation import fit_host_step
+        from trainpilot.sim.serve_validation import host_step_fits
         from trainpilot.specs.serve import RUNTIME_PRESETS
 
         eff, mape = calibrate()
-        host = {name: fit_host_step(name, eff) for name, preset in RUNTIME_PRESETS.items()
-                if preset.get("host_step_ms") and "triton" not in name}
+        host = host_step_fits(eff)
         out = dict(fitted={k: getattr(eff, k) for k in _fitted_names()},
                    calibration_mean_abs_error=mape, host_step_ms=host)
         print_json(out) if args.json else console.print(

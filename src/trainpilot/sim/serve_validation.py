@@ -294,6 +294,15 @@ def fit_host_step(runtime: str, eff: ServeEfficiency | None = None,
     return max(0.0, statistics.mean(values))
 
 
+def host_step_fits(eff: ServeEfficiency | None = None,
+                   cases: list[ServeCase] | None = None) -> dict[str, float]:
+    """``fit_host_step`` for every runtime a calibration row runs with host time per pass."""
+    rows = cases if cases is not None else list(_bundled_cases())
+    names = sorted({c.plan.runtime.name for c in rows
+                    if c.split == "calibration" and c.plan.runtime.host_step_ms})
+    return {name: fit_host_step(name, eff, rows) for name in names}
+
+
 def batches_line(summary: dict[str, Any]) -> str:
     """The held-out mean by batch, for the CLIs' summary lines."""
     parts = [f"batch {b}{' (blind)' if int(b) > 1 else ''}: {row['mean_abs_error']:.1%} over "
