@@ -7,8 +7,8 @@ latency; constants fitted to DeepGEMM's published table, not to any serving row)
 ops cost max(FLOPs / (peak x efficiency), bytes / (HBM bandwidth x efficiency)). Each is
 booked under the bound that set it (compute, HBM weights, HBM KV cache, HBM activations);
 collectives cost what ``perf.topology.Network`` says for their group's span; each layer pays
-its kernels' launch gaps (``kernels_per_layer``) and each pass a host step overhead (the
-calibrated ``step_overhead_s`` plus the runtime's ``host_step_ms``). The plan's
+its kernels' launch gaps (``kernels_per_layer``) and each pass its stack's host time
+(``ServeRuntime.host_step_ms``). The plan's
 ``runtime`` (``specs.serve.ServeRuntime``) says which GEMM kernel class the stack ships and
 whether its decode attention shares a KV head's reads across its query heads. Nothing here is
 fitted to a case: the knobs are in ``ServeEfficiency`` with their sources, and
@@ -126,8 +126,8 @@ class ServeEfficiency:
     compute-bound figure (580 TFLOP/s on H800);
     ``prefill_attention_efficiency`` None uses the curve's FlashAttention figure (0.42 on H100:
     FlashAttention-2); a CUDA-graph replay leaves ``kernel_gap_us`` between consecutive
-    kernels (``kernels_per_layer`` counts them); ``step_overhead_s`` is host time per pass not
-    hidden by asynchronous scheduling; ``moe_imbalance`` is the busiest device's expert rows
+    kernels (``kernels_per_layer`` counts them; the host time per pass is the stack's,
+    ``ServeRuntime.host_step_ms``); ``moe_imbalance`` is the busiest device's expert rows
     over the mean (1: perfect balance); ``a2a_sm_fraction`` of the SMs run the prefill
     all-to-all while it overlaps compute (20 of an H800's 132 saturate IB and NVLink: DeepSeek-V3
     report, sec. 3.2.2; DeepEP's low-latency decode kernels occupy none).
@@ -138,7 +138,6 @@ class ServeEfficiency:
     prefill_attention_efficiency: float | None = None
     gemm_efficiency: float = 0.80
     kernel_gap_us: float = 2.0
-    step_overhead_s: float = 0.0
     moe_imbalance: float = 1.0
     a2a_sm_fraction: float = 20 / 132
     workspace_gib: float = 2.0  # activations, CUDA graphs, communication buffers
@@ -155,7 +154,7 @@ class ServeEfficiency:
             raise SpecError("moe_imbalance", self.moe_imbalance, "valid: >= 1")
         if not 0 <= self.a2a_sm_fraction < 1:
             raise SpecError("a2a_sm_fraction", self.a2a_sm_fraction, "valid: [0, 1)")
-        for name in ("kernel_gap_us", "step_overhead_s", "workspace_gib"):
+        for name in ("kernel_gap_us", "workspace_gib"):
             if getattr(self, name) < 0:
                 raise SpecError(name, getattr(self, name), "valid: >= 0")
 
@@ -520,7 +519,7 @@ def pass_cost(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, layout: I
                             layer_kind(model, plan, model.num_layers // 2, moe=model.is_moe))
         layer.add("all_to_all", a2a)
         total = total.merged(layer.scaled(plan.speculative.num_draft_tokens))
-    total.add("overhead", eff.step_overhead_s + plan.runtime.host_step_ms * 1e-3)
+    total.add("overhead", plan.runtime.host_step_ms * 1e-3)
     return total
 
 

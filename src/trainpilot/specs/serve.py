@@ -136,10 +136,11 @@ RUNTIME_PRESETS: dict[str, dict] = {
     "triton-moe-2025": dict(name="triton-moe-2025", moe_gemm_kernels="triton-moe-2025"),
     # vLLM's V0 engine (0.6-0.7): current kernels, host time between passes (above).
     "vllm-v0": dict(name="vllm-v0", host_step_ms=VLLM_V0_HOST_STEP_MS),
-    # vLLM 0.7's V0 engine serving block-FP8 experts tensor-parallel: both of the above.
-    "vllm-v0-triton-moe": dict(name="vllm-v0-triton-moe", moe_gemm_kernels="triton-moe-2025",
-                               host_step_ms=VLLM_V0_HOST_STEP_MS),
 }
+# vLLM 0.7's V0 engine serving block-FP8 experts tensor-parallel: both of the above.
+RUNTIME_PRESETS["vllm-v0-triton-moe"] = {**RUNTIME_PRESETS["triton-moe-2025"],
+                                         **RUNTIME_PRESETS["vllm-v0"],
+                                         "name": "vllm-v0-triton-moe"}
 
 
 class ServePlan(Spec):
