@@ -318,3 +318,53 @@ def test_group_limited_routing_reaches_the_nodes_of_its_groups():
     assert distinct_reached(ds, 16) == pytest.approx(4 * 2 * (1 - 0.5 ** 2))  # groups span 2
     free = ds.replace(moe=ds.moe.model_copy(update=dict(topk_groups=None)))
     assert distinct_reached(free, 8) == pytest.approx(8 * (1 - (7 / 8) ** 8))
+
+
+def test_deepspeeds_first_zero3_pays_per_parameter_collectives_and_per_rank_chunk_copies():
+    """DeepSpeed 0.3.12-0.5.4 (runtime.zero3_collectives per_param) issues one collective per
+    weight tensor, each over a Python list of the group's chunks that ProcessGroupNCCL copies
+    one at a time, and synchronizes the device before every parameter gather. Its traffic is
+    the bucketed traffic's bytes in more pieces plus n chunk issues per piece, grows with the
+    group size at a fixed per-rank load, and is never hidden behind compute."""
+    from trainpilot.perf.dataparallel import traffic
+    from trainpilot.perf.estimator import Estimator, layout_of
+    from trainpilot.perf.memory import RankParams
+
+    params = RankParams(dense=1e9, expert=0.0, largest_layer=1e8)
+    issue = 10e-6
+
+    def z3(n: int, tensors: int, regather: bool = False):
+        span = GroupSpan(size=n, per_node=8, nodes=n // 8, racks=1)
+        spans = {"dp": span, "expert_dp": GroupSpan(size=1, per_node=1, nodes=1, racks=1),
+                 "pp": GroupSpan(size=1, per_node=1, nodes=1, racks=1)}
+        return traffic(NET, zero=3, params=params, grad_bytes=2, spans=spans, hierarchical=False,
+                       bucket_bytes=25e6, dp_shard=None, tied_bytes=0.0, num_layers=10,
+                       weight_tensors=tensors, chunk_issue_s=issue, recompute_gather=regather)
+
+    bucketed, per_param = z3(64, 0), z3(64, 4)
+    pieces = 4 * 10
+    span = GroupSpan(size=64, per_node=8, nodes=8, racks=1)
+    gather = pieces * NET.all_gather_s(span, 2 * 1e9 / pieces) + pieces * 64 * issue
+    assert per_param.mb_fwd_s == pytest.approx(gather)
+    assert per_param.mb_fwd_s > bucketed.mb_fwd_s
+    # The recomputed forward gathers again in the backward.
+    assert z3(64, 4, regather=True).mb_bwd_s == pytest.approx(per_param.mb_bwd_s + gather)
+    # The chunk copies grow with the group: 4x the ranks, 4x the issue time.
+    extra = z3(256, 4).mb_fwd_s - z3(256, 0).mb_fwd_s
+    assert extra > 3 * (per_param.mb_fwd_s - bucketed.mb_fwd_s)
+    # In the estimator: the paper's GPT-3 175B ZeRO-3 row on 1,536 A100 (Narayanan et al.
+    # 2021, Table 2) is slower per_param than bucketed (negative control: the same plan with
+    # bucketed collectives and overlap hides most of its traffic).
+    model, cluster = load_model("gpt3-175b"), load_cluster("a100-80gb-x1536")
+
+    def step(mode: str) -> tuple[float, float]:
+        plan = Plan(dp=1536, zero=3, micro_batch_size=1, global_batch_size=1536, seq_len=2048,
+                    precision="fp16", recompute="full", comm=dict(overlap=True, compression="fp16"),
+                    runtime=dict(stack="deepspeed", zero3_collectives=mode))
+        est = Estimator(model, cluster)
+        ev = est.evaluate(layout_of(model, plan, est.options))
+        return ev.step_time_s, ev.breakdown_s["dp_comm_exposed"]
+
+    (slow, exposed_pp), (fast, exposed_b) = step("per_param"), step("bucketed")
+    assert slow > 2 * fast
+    assert exposed_pp > 10 * exposed_b

@@ -23,6 +23,15 @@ Pieces: FSDP-style stacks (PyTorch FSDP/FSDP2, trainpilot, Megatron-FSDP for zer
 collective per wrapped unit (a decoder layer); DDP and Megatron's buffers use ``comm.bucket_mb``.
 Each piece pays its collective's latency (``Network``: NCCL's tuner model).
 
+DeepSpeed's first ZeRO-3 (0.3.12-0.5.4, 2021; ``runtime.zero3_collectives: per_param``) issues
+one collective per partitioned weight tensor (``weight_tensors`` per layer; norms and biases,
+under its 1e5-element persistence threshold, stay whole), gathers again for the recomputed
+forward under full recompute (its module hooks release a module's parameters after every
+forward), and hands PyTorch each collective as a list of the group's ``n`` chunk views, which
+ProcessGroupNCCL copies out (all-gather) or in (reduce-scatter) one chunk at a time: ``n`` copy
+kernels, each costing the host its issue time (``chunk_issue_s``). A device synchronize precedes
+every parameter gather, so this traffic does not overlap compute (``serialized``).
+
 Overlap (``comm.overlap``): traffic hides behind the compute window it overlaps except the first
 or last piece, and slows the overlapped kernels by the device's ``overlap_slowdown``. The window
 of the step's gradient reduction is the last micro-batch's backward, except under Megatron's
@@ -75,11 +84,14 @@ def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
             spans: dict[str, GroupSpan], hierarchical: bool, bucket_bytes: float,
             dp_shard: int | None, tied_bytes: float, num_layers: int,
             units: bool = False, sync: str = "micro_batch",
-            param_bytes: float = 2.0) -> Traffic:
+            param_bytes: float = 2.0, weight_tensors: int = 0, chunk_issue_s: float = 0.0,
+            recompute_gather: bool = False) -> Traffic:
     """Raw data-parallel traffic of one stage (see the module docstring); ``num_layers``:
     decoder layers on the stage (the FSDP units when ``units``); ``sync``: ``step`` or
     ``micro_batch`` (``runtime.grad_sync``); ``param_bytes``: bytes per parameter of the
-    parameter all-gather (``Runtime.param_gather_bytes``)."""
+    parameter all-gather (``Runtime.param_gather_bytes``); ``weight_tensors`` > 0: ZeRO-3
+    collectives per weight tensor (that many per layer) with ``chunk_issue_s`` of host time per
+    rank's chunk, and one more gather per micro-batch when ``recompute_gather``."""
     dense, expert = params.dense, params.expert
     dp, edp = spans["dp"], spans["expert_dp"]
     ops = {"ar": net.all_reduce_s, "rs": net.reduce_scatter_s, "ag": net.all_gather_s}
@@ -119,11 +131,18 @@ def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
     shard = spans.get("dp_shard", dp)
 
     def per_layer(span: GroupSpan, per_param: float, kind: str) -> float:
-        return op(span, per_param * dense, kind, layers) + \
-            op(edp, per_param * expert, kind, layers if expert else 1)
+        if weight_tensors and dense > 0 and span.size > 1:
+            pieces = weight_tensors * layers
+            listed = op(span, per_param * dense, kind, pieces) + \
+                pieces * span.size * chunk_issue_s
+        else:
+            listed = op(span, per_param * dense, kind, layers)
+        return listed + op(edp, per_param * expert, kind, layers if expert else 1)
 
     ag = per_layer(shard, param_bytes, "ag")
     rs = per_layer(shard, grad_bytes, "rs")
+    if recompute_gather:
+        rs += ag  # the recomputed forward's gathers, in the backward
     replicate = 0.0
     if "dp_replicate" in spans:
         replicate = op(spans["dp_replicate"], grad_bytes * dense / (dp_shard or 1), "ar")

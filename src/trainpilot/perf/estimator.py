@@ -28,6 +28,7 @@ from trainpilot.perf.layer import (
     LayerSetup,
     activation_bytes,
     layer_cost,
+    weight_tensors,
 )
 from trainpilot.perf.memory import RankParams, in_flight, stage_rank_params
 from trainpilot.perf.options import CostOptions
@@ -366,9 +367,13 @@ class Estimator:
         tied = self.model.tie_word_embeddings and lay.pp > 1 and (sig.first or sig.last)
         units = per_unit(lay.rt.stack, lay.zero)
         sync = lay.rt.grad_sync
+        per_param = lay.zero == 3 and lay.rt.zero3_per_param
+        tensors = weight_tensors(self.model) if per_param else 0
+        regather = per_param and lay.recompute == "full"
         key = (lay.zero, gbytes, st.params, spans["dp"], spans["expert_dp"], spans["pp"],
                spans.get("dp_shard"), lay.hierarchical, lay.bucket_mb, lay.dp_shard, tied,
-               len(sig.ids), units, sync, lay.algorithm, lay.rt.param_gather_bytes)
+               len(sig.ids), units, sync, lay.algorithm, lay.rt.param_gather_bytes, tensors,
+               regather, dev.host_s)
         tr = self._traffic.get(key)
         if tr is None:
             tied_bytes = gbytes * self.model.vocab_size * self.model.hidden_size / lay.tp \
@@ -378,8 +383,10 @@ class Estimator:
                 grad_bytes=gbytes, spans=spans, hierarchical=lay.hierarchical,
                 bucket_bytes=lay.bucket_mb * 1e6, dp_shard=lay.dp_shard, tied_bytes=tied_bytes,
                 num_layers=len(sig.ids), units=units, sync=sync,
-                param_bytes=lay.rt.param_gather_bytes)
-        ov, sigma = lay.overlap, dev.curve.overlap_slowdown
+                param_bytes=lay.rt.param_gather_bytes, weight_tensors=tensors,
+                chunk_issue_s=dev.host_s, recompute_gather=regather)
+        # DeepSpeed's per-parameter gathers each follow a device synchronize: nothing overlaps.
+        ov, sigma = lay.overlap and not per_param, dev.curve.overlap_slowdown
         st.fsdp_fwd_s = exposed(tr.mb_fwd_s, st.fwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
         st.fsdp_bwd_s = exposed(tr.mb_bwd_s, st.bwd_s, tr.mb_edge_s, overlap=ov, slowdown=sigma)
         window = st.bwd_s * grad_sync_window(lay.rt.stack, lay.vp, lay.pp,

@@ -218,6 +218,13 @@ def _attention_gemms(model: ModelSpec, tp: int) -> list[tuple[float, float]]:
     return [((a + 2 * kv) * d / tp, h), (h, a * d / tp)]
 
 
+def weight_tensors(model: ModelSpec) -> int:
+    """Weight matrices of one dense decoder layer as the cost model counts its GEMMs: the
+    attention projections and the MLP's two (gate and up fused into one FC1, as Megatron
+    stores them)."""
+    return len(_attention_gemms(model, 1)) + 2
+
+
 def op_sac_linears(model: ModelSpec, moe_layer: bool, tp: int) -> list[tuple[float, float]]:
     """(n, k) per token row of each ``aten.mm`` one layer's forward runs on one TP rank, in
     torchtitan's order (wq, wk, wv, wo or MLA's projections; the MLP's w1, w3, w2, or an MoE

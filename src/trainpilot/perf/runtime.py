@@ -21,6 +21,9 @@ Physical meaning of each term (docs/cost_model.md, "Runtime profiles"):
 * ``graph_scope``: the parts of a layer captured as CUDA graphs (Megatron's
   ``--cuda-graph-scope``): their kernels replay from one launch, so the host pays one issue
   time per graph instead of one per kernel.
+* ``zero3_per_param``: ZeRO-3 collectives one per weight tensor, each with per-rank chunk
+  copies and (gathers) a device synchronize before it (DeepSpeed 0.3.12-0.5.4;
+  ``perf/dataparallel.py``).
 * ``grad_sync``: "step" reduces gradients once per step (after the last micro-batch), holding
   them unsharded in between; "micro_batch" reduces (ZeRO-2: reduce-scatters) after every
   micro-batch and keeps only the shard.
@@ -71,6 +74,7 @@ class Runtime:
     fp8_recipe: str = "delayed"  # Plan.fp8_recipe: how FP8 GEMM inputs are scaled
     fp8_param_gather: bool = False  # Plan.fp8_param_gather: weights all-gathered in 8 bits
     graph_scope: frozenset[str] = frozenset()  # CUDA-graph scopes (Megatron's names)
+    zero3_per_param: bool = False  # RuntimeProfile.zero3_collectives == "per_param"
 
     def graphed(self, scope: str) -> bool:
         """Whether the kernels of ``scope`` (attn, mlp, moe_router, moe: the whole MoE block)
@@ -152,6 +156,7 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         capacity_factor=prof.moe_capacity_factor, fp8_recipe=plan.fp8_recipe,
         fp8_param_gather=plan.fp8_param_gather,  # Plan refuses it without precision fp8
         graph_scope=frozenset(prof.cuda_graph_scope),
+        zero3_per_param=prof.zero3_collectives == "per_param",
     )
     if options is not None:
         for key, attr in (("flash_attention", "flash_attention"), ("dropout", "dropout"),

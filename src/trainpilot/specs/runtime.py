@@ -69,7 +69,7 @@ class RuntimeProfile(Spec):
     FSDP2's sync flag) or after every micro-batch (``micro_batch``: DeepSpeed ZeRO-2, FSDP
     without no_sync). ``moe_imbalance``: tokens on the busiest expert rank over the mean (1.0
     for force-balanced benchmarks). ``ep_dispatcher``, ``attention_kernel``, ``expert_gemm``,
-    ``moe_capacity_factor``, ``cuda_graph_scope``: see the fields.
+    ``moe_capacity_factor``, ``cuda_graph_scope``, ``zero3_collectives``: see the fields.
     """
 
     stack: Stack = "trainpilot"
@@ -111,6 +111,15 @@ class RuntimeProfile(Spec):
     # scope). A graph's kernels replay from one launch: no per-kernel host issue time.
     cuda_graph_scope: tuple[Literal["attn", "mlp", "moe_router", "moe_preprocess", "moe",
                                     "full_iteration"], ...] = ()
+    # How ZeRO-3 issues its data-parallel collectives: "bucketed" (one collective per wrapped
+    # unit or bucket into one flat buffer: FSDP/FSDP2, Megatron-FSDP, DeepSpeed from 0.5.5,
+    # Nov 2021, whose gathers use _all_gather_base) or "per_param" (DeepSpeed 0.3.12-0.5.4,
+    # Mar-Oct 2021, partition_parameters.py: one all-gather per partitioned weight tensor in
+    # every module forward, in the recomputed forward and in the backward, and one
+    # reduce-scatter per tensor; each takes a Python list of the group's n chunks, which
+    # ProcessGroupNCCL copies one chunk at a time (n copy kernels issued per collective); and
+    # a torch.cuda.synchronize() precedes every parameter gather, so none overlaps compute).
+    zero3_collectives: Literal["bucketed", "per_param"] = "bucketed"
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> RuntimeProfile:
