@@ -112,13 +112,15 @@ class RuntimeProfile(Spec):
     cuda_graph_scope: tuple[Literal["attn", "mlp", "moe_router", "moe_preprocess", "moe",
                                     "full_iteration"], ...] = ()
     # How ZeRO-3 issues its data-parallel collectives: "bucketed" (one collective per wrapped
-    # unit or bucket into one flat buffer: FSDP/FSDP2, Megatron-FSDP, DeepSpeed from 0.5.5,
-    # Nov 2021, whose gathers use _all_gather_base) or "per_param" (DeepSpeed 0.3.12-0.5.4,
+    # unit or bucket into one flat buffer: FSDP/FSDP2, Megatron-FSDP, DeepSpeed from 0.6.0,
+    # 2022, whose fetch coalesces a module's gathers) or "per_param" (DeepSpeed 0.3.12-0.5.4,
     # Mar-Oct 2021, partition_parameters.py: one all-gather per partitioned weight tensor in
     # every module forward, in the recomputed forward and in the backward, and one
     # reduce-scatter per tensor; each takes a Python list of the group's n chunks, which
     # ProcessGroupNCCL copies one chunk at a time (n copy kernels issued per collective); and
     # a torch.cuda.synchronize() precedes every parameter gather, so none overlaps compute).
+    # DeepSpeed 0.5.5-0.5.10 sits between: per-tensor gathers after a synchronize, but into a
+    # flat tensor (_all_gather_base) without the chunk copies; neither value is exact for it.
     zero3_collectives: Literal["bucketed", "per_param"] = "bucketed"
 
     @pydantic.model_validator(mode="after")
