@@ -368,3 +368,20 @@ def test_deepspeeds_first_zero3_pays_per_parameter_collectives_and_per_rank_chun
     (slow, exposed_pp), (fast, exposed_b) = step("per_param"), step("bucketed")
     assert slow > 2 * fast
     assert exposed_pp > 10 * exposed_b
+
+
+def test_per_parameter_zero3_collectives_are_deepspeeds_only():
+    from trainpilot.specs import SpecError
+    from trainpilot.specs.loading import validate
+
+    def plan(stack: str):
+        return validate(Plan, dict(dp=8, zero=3, global_batch_size=8, seq_len=4096,
+                                   runtime=dict(stack=stack, zero3_collectives="per_param")),
+                        doc="plan")
+
+    with pytest.raises(SpecError, match="valid: stack deepspeed") as info:
+        plan("pytorch")
+    assert str(info.value).startswith("plan.runtime.zero3_collectives: ")
+    assert "\n" not in str(info.value)
+    # Negative control: DeepSpeed accepts it.
+    assert plan("deepspeed").runtime.zero3_collectives == "per_param"

@@ -129,6 +129,10 @@ class RuntimeProfile(Spec):
             raise SpecError("compile", True,
                             f"torch.compile is a PyTorch-stack choice; stack={self.stack!r} "
                             "fuses its own kernels (valid: stack pytorch or trainpilot)")
+        if self.zero3_collectives == "per_param" and self.stack != "deepspeed":
+            raise SpecError("zero3_collectives", "per_param",
+                            f"per-parameter collectives are DeepSpeed's 2021 ZeRO-3; "
+                            f"stack={self.stack!r} (valid: stack deepspeed, or bucketed)")
         scope = self.cuda_graph_scope
         if len(set(scope)) != len(scope):
             raise SpecError("cuda_graph_scope", list(scope), "a scope is listed twice")
