@@ -433,10 +433,12 @@ def test_corpus_accuracy_and_its_negative_control():
     # (pytorch-lightning-18857) and a log that stops after the pipeline engine's set-up lines
     # (gpt-neox-988). Batch 27's 3d-student-splatting-and-scooping-5 is a bare `assert 1==0` in a
     # rasterizer's backward: the thread, not the log, says its gradients had turned NaN.
+    # Batch 28's nanogpt-55 is ProcessGroupNCCL's generic "Some NCCL operations have failed or
+    # timed out" only; the missing InfiniBand (NCCL_IB_DISABLE=1 fixed it) is in the thread.
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
     assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "nccl-1417",
                       "pytorch-lightning-18857", "gpt-neox-988",
-                      "3d-student-splatting-and-scooping-5"}, misses
+                      "3d-student-splatting-and-scooping-5", "nanogpt-55"}, misses
     held, n = report.accuracy("held_out")
     # A regression floor at the measured level (docs/health.md), not the 90 % target.
     assert held / n >= HELD_OUT_GATE, report.to_dict()["misses"]
