@@ -333,13 +333,14 @@ def test_deepspeeds_first_zero3_pays_per_parameter_collectives_and_per_rank_chun
     params = RankParams(dense=1e9, expert=0.0, largest_layer=1e8)
     issue = 10e-6
 
-    def z3(n: int, tensors: int, regather: bool = False):
+    def z3(n: int, tensors: int, regather: bool = False, sync: str = "micro_batch"):
         span = GroupSpan(size=n, per_node=8, nodes=n // 8, racks=1)
         spans = {"dp": span, "expert_dp": GroupSpan(size=1, per_node=1, nodes=1, racks=1),
                  "pp": GroupSpan(size=1, per_node=1, nodes=1, racks=1)}
         return traffic(NET, zero=3, params=params, grad_bytes=2, spans=spans, hierarchical=False,
                        bucket_bytes=25e6, dp_shard=None, tied_bytes=0.0, num_layers=10,
-                       weight_tensors=tensors, chunk_issue_s=issue, recompute_gather=regather)
+                       weight_tensors=tensors, chunk_issue_s=issue, recompute_gather=regather,
+                       sync=sync)
 
     bucketed, per_param = z3(64, 0), z3(64, 4)
     pieces = 4 * 10
@@ -349,6 +350,10 @@ def test_deepspeeds_first_zero3_pays_per_parameter_collectives_and_per_rank_chun
     assert per_param.mb_fwd_s > bucketed.mb_fwd_s
     # The recomputed forward gathers again in the backward.
     assert z3(64, 4, regather=True).mb_bwd_s == pytest.approx(per_param.mb_bwd_s + gather)
+    # ... in every micro-batch's backward, also when gradients are reduced once per step.
+    once = z3(64, 4, regather=True, sync="step")
+    assert once.mb_bwd_s == pytest.approx(2 * gather)
+    assert once.step_grad_s == pytest.approx(z3(64, 4, sync="step").step_grad_s)
     # The chunk copies grow with the group: 4x the ranks, 4x the issue time.
     extra = z3(256, 4).mb_fwd_s - z3(256, 0).mb_fwd_s
     assert extra > 3 * (per_param.mb_fwd_s - bucketed.mb_fwd_s)

@@ -141,17 +141,16 @@ def traffic(net: Network, *, zero: int, params: RankParams, grad_bytes: int,
 
     ag = per_layer(shard, param_bytes, "ag")
     rs = per_layer(shard, grad_bytes, "rs")
-    if recompute_gather:
-        rs += ag  # the recomputed forward's gathers, in the backward
+    bwd_ag = 2 * ag if recompute_gather else ag  # the recomputed forward gathers again
     replicate = 0.0
     if "dp_replicate" in spans:
         replicate = op(spans["dp_replicate"], grad_bytes * dense / (dp_shard or 1), "ar")
     edge_ag = op(shard, param_bytes * params.largest_layer, "ag")
     if sync == "step":
-        return Traffic(mb_fwd_s=ag, mb_bwd_s=ag, mb_edge_s=edge_ag, step_grad_s=rs,
+        return Traffic(mb_fwd_s=ag, mb_bwd_s=bwd_ag, mb_edge_s=edge_ag, step_grad_s=rs,
                        step_grad_edge_s=op(shard, grad_bytes * params.largest_layer, "rs"),
                        replicate_s=replicate, tied_s=tied)
-    return Traffic(mb_fwd_s=ag, mb_bwd_s=ag + rs, mb_edge_s=edge_ag, replicate_s=replicate,
+    return Traffic(mb_fwd_s=ag, mb_bwd_s=bwd_ag + rs, mb_edge_s=edge_ag, replicate_s=replicate,
                    tied_s=tied)
 
 
