@@ -83,8 +83,13 @@ def mlp_params(model: ModelSpec, width: int) -> int:
     """One feed-forward block of inner ``width`` (SwiGLU has three matrices, GELU two)."""
     h = model.hidden_size
     mats = 3 if model.activation == "swiglu" else 2
-    biases = (width + h) if model.bias else 0
-    return mats * h * width + biases
+    return mats * h * width + (_mlp_biases(model, width) if model.bias else 0)
+
+
+def _mlp_biases(model: ModelSpec, width: int) -> int:
+    """Bias elements of one feed-forward block of inner ``width``: FC1's output (gate and up
+    halves when gated) and FC2's."""
+    return (2 if model.activation == "swiglu" else 1) * width + model.hidden_size
 
 
 def layer_params(model: ModelSpec, index: int) -> LayerParams:
@@ -171,8 +176,11 @@ def _matmul_weights_mlp(model: ModelSpec, index: int, layer: LayerParams) -> int
     """Active MLP GEMM weights (routed top-k + shared + router) without biases."""
     if not model.bias:
         return layer.mlp_active
-    width = model.ffn_size  # biased models here are dense GPT-style
-    return layer.mlp_active - (width + model.hidden_size)
+    moe = model.moe
+    if moe is None or not model.is_moe_layer(index):
+        return layer.mlp_active - _mlp_biases(model, model.ffn_size)
+    shared = _mlp_biases(model, moe.shared_width) if moe.num_shared_experts else 0
+    return layer.mlp_active - moe.top_k * _mlp_biases(model, moe.expert_intermediate_size) - shared
 
 
 def model_flops_per_token(model: ModelSpec, seq_len: int) -> float:

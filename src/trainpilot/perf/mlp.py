@@ -126,6 +126,15 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
                              launches=n)
         fwd.add_elementwise(experts * dev.memory_s(act_bytes_per * rows * width / tp),
                             act_kind, rt)
+        if model.activation_clamp is not None:
+            # The clamped GLU (GPT-OSS): each half of FC1's output clamped by its own kernel
+            # before the activation, then (Megatron-Core's weighted_bias_quick_geglu_impl) put
+            # back together with torch.cat for the fused kernel; backward masks each half's
+            # gradient.
+            glu = experts * ACT_BYTES * rows * gate * width / tp
+            cat = rt.stack == "megatron"
+            fwd.add(dev.memory_s((4.0 if cat else 2.0) * glu), 3 if cat else 2)
+            bwd.add(dev.memory_s(1.5 * glu), 2)
         gemms += fwd.add_gemm(experts * dev.gemm_s(rows, h, width / tp, linear=True), launches=n)
         bwd.add_gemm(experts * dev.gemm_s(rows, gate * width / tp, h, linear=True),
                      backward=True, launches=n)
@@ -179,6 +188,17 @@ def mlp_cost(model: ModelSpec, moe_layer: bool, st: LayerSetup, dev: Device, net
         fwd.add(dev.memory_s(permute), passes)
         bwd.add(BWD_MEM * dev.memory_s(permute), passes)
         routed = dense(rows / local, moe.expert_intermediate_size, etp, experts=local)
+        if model.bias and rt.stack == "megatron":
+            # Megatron-Core's TEGroupedMLP adds FC2's per-expert bias outside the grouped GEMM
+            # (``_apply_bias``): per local expert, the bias times its tokens' routing
+            # probabilities added to that expert's slice of the output, the slices
+            # concatenated: three passes over the output forward (product, sum, concatenation),
+            # four backward (both products' gradients and the split's concatenation). FC1's
+            # bias is in its GEMM.
+            out = ACT_BYTES * rows * h
+            n_local = max(1, round(local))
+            fwd.add(dev.memory_s(6 * out), 2 * n_local + 1)
+            bwd.add(dev.memory_s(8 * out), 4 * n_local + 1)
         if moe.num_shared_experts:
             dense(m, moe.shared_width, t)
     coll = dev.host_coll_s

@@ -122,8 +122,8 @@ HELD_OUT_NOTES = {
             "Colossal-AI, FlashAttention-README, InternEvo and AWS rows (308) err 13.2% on "
             "average, predicted 6.8% faster than measured "
             "(this model is optimistic there)",
-    "moe": "MoE: the held-out MoE rows (115) err 31.2% on average and 103 of them are optimistic "
-           "(GPT-OSS on Megatron-Core about 1.5x; sharded-data-parallel baselines with the "
+    "moe": "MoE: the held-out MoE rows (115) err 30.5% on average and 103 of them are optimistic "
+           "(GPT-OSS on Megatron-Core about 1.4x; sharded-data-parallel baselines with the "
            "micro-batch unstated up to 6x)",
     "deepspeed_zero3": "DeepSpeed ZeRO-3: the held-out rows (8) err 36.3% on average and 8 "
                        "of them are optimistic (FlagPerf's 7B models on 8 H100/H800 +10..+25%; "

@@ -101,7 +101,10 @@ class ModelSpec(Spec):
     activation: Literal["gelu", "swiglu"] = "gelu"
     tie_word_embeddings: bool = False
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    bias: bool = False  # biases on the linear layers (GPT-2/3 style)
+    bias: bool = False  # biases on the linear layers (GPT-2/3 style; GPT-OSS's experts)
+    # GPT-OSS's clamped SwiGLU (config.json ``swiglu_limit``): the gate clamped from above and
+    # the linear half on both sides to this value before the activation (swiglu only).
+    activation_clamp: PositiveFloat | None = None
     position_embedding: Literal["rope", "learned"] = "rope"
     max_position_embeddings: PositiveInt = 131072
     # RoPE base (Llama 2 / GPT-NeoX: 10,000; Llama 3: 500,000) and long-context scaling.
@@ -139,6 +142,10 @@ class ModelSpec(Spec):
             raise SpecError("moe.first_k_dense_layers", self.moe.first_k_dense_layers,
                             f"leaves no MoE layer; valid: < num_hidden_layers="
                             f"{self.num_hidden_layers}")
+        if self.activation_clamp is not None and self.activation != "swiglu":
+            raise SpecError("activation_clamp", self.activation_clamp,
+                            f"clamps a gated activation; valid: with activation swiglu "
+                            f"(this model: {self.activation}), or unset")
         # Fill the defaults in so a dumped file is explicit and round-trips.
         object.__setattr__(self, "num_key_value_heads", kv)
         if self.head_dim is None:

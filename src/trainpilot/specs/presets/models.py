@@ -109,19 +109,23 @@ MODELS: dict[str, dict[str, Any]] = {
     ),
     # openai/gpt-oss-20b and gpt-oss-120b config.json: 64 query heads of dim 64, 8 KV heads,
     # alternating 128-token sliding-window and full attention layers (the first is sliding),
-    # 32 / 128 experts of width 2,880, 4 active. Attention sinks and the clamped SwiGLU are
-    # elementwise details the cost model leaves out.
+    # 32 / 128 experts of width 2,880, 4 active; biases on the attention projections, the
+    # experts and the router ("attention_bias": true, the checkpoints' *_bias tensors); the GLU's
+    # inputs clamped to 7 ("swiglu_limit"). Attention sinks (one learned logit per head) are an
+    # elementwise detail the cost model leaves out.
     "gpt-oss-20b": dict(
         name="gpt-oss-20b", num_hidden_layers=24, hidden_size=2880, num_attention_heads=64,
         num_key_value_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
-        activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=False,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=True,
+        activation_clamp=7.0,
         max_position_embeddings=131072, sliding_window=128, sliding_window_every=2,
         moe=dict(num_experts=32, top_k=4, expert_intermediate_size=2880),
     ),
     "gpt-oss-120b": dict(
         name="gpt-oss-120b", num_hidden_layers=36, hidden_size=2880, num_attention_heads=64,
         num_key_value_heads=8, head_dim=64, intermediate_size=2880, vocab_size=201088,
-        activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=False,
+        activation="swiglu", norm="rmsnorm", position_embedding="rope", bias=True,
+        activation_clamp=7.0,
         max_position_embeddings=131072, sliding_window=128, sliding_window_every=2,
         moe=dict(num_experts=128, top_k=4, expert_intermediate_size=2880),
     ),
