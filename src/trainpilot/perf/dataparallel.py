@@ -11,7 +11,8 @@ When gradients are reduced (``runtime.grad_sync``):
   FSDP2's ``set_requires_gradient_sync``, trainpilot's runtime): gradients accumulate unsharded
   over the micro-batches and are reduced once, during the last micro-batch's backward. ZeRO-2
   then moves the same bytes as ZeRO-1 (and holds the same gradient memory while accumulating);
-* ``micro_batch`` (DeepSpeed ZeRO-2, FSDP without no_sync): ZeRO-2/3 reduce-scatter after every
+* ``micro_batch`` (DeepSpeed ZeRO-2, FSDP without no_sync, Megatron-Core's FSDP at ZeRO-2/3
+  whatever no_sync says: ``Runtime.sync_for``): ZeRO-2/3 reduce-scatter after every
   micro-batch's backward and keep only their shard.
 
 Per ZeRO stage: zero 0 all-reduces gradients; zero 1 and 2 reduce-scatter them and all-gather

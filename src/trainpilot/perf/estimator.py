@@ -366,7 +366,7 @@ class Estimator:
         gbytes = lay.rt.grad_bytes
         tied = self.model.tie_word_embeddings and lay.pp > 1 and (sig.first or sig.last)
         units = per_unit(lay.rt.stack, lay.zero)
-        sync = lay.rt.grad_sync
+        sync = lay.rt.sync_for(lay.zero)
         per_param = lay.zero == 3 and lay.rt.zero3_per_param
         tensors = weight_tensors(self.model) if per_param else 0
         regather = per_param and lay.recompute == "full"

@@ -109,7 +109,7 @@ class Group:
         mb = micro_batch_size or lay.micro_batch_size
         m = lay.global_batch_size // (mb * lay.dp)
         peak, peak_stage = -1.0, 0
-        unsharded = lay.rt.grad_sync == "step" and m > 1
+        unsharded = lay.rt.sync_for(zero) == "step" and m > 1
         for k, (_, _, _, static, act, edge) in enumerate(
                 self._coefficients(zero, mode, sp, unsharded)):
             i = self.sg.first_index[k]
@@ -124,7 +124,7 @@ class Group:
         """Per-signature StageNumbers with their bytes, the peak bytes and its rank."""
         out: list[StageNumbers] = []
         mb = lay.micro_batch_size
-        unsharded = lay.rt.grad_sync == "step" and lay.num_micro_batches > 1
+        unsharded = lay.rt.sync_for(lay.zero) == "step" and lay.num_micro_batches > 1
         coeffs = self._coefficients(lay.zero, lay.recompute, lay.sequence_parallel, unsharded)
         for k, (weights, grads, optim, static, act, edge) in enumerate(coeffs):
             st = StageNumbers(index=k, layers=len(self.sg.sigs[k].ids), params=self.params[k],

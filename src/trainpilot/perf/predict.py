@@ -122,7 +122,7 @@ HELD_OUT_NOTES = {
             "Colossal-AI, FlashAttention-README, InternEvo, AWS and PyTorch-blog rows (314) "
             "err 13.0% on average, predicted 6.8% faster than measured "
             "(this model is optimistic there)",
-    "moe": "MoE: the held-out MoE rows (115) err 30.5% on average and 103 of them are optimistic "
+    "moe": "MoE: the held-out MoE rows (115) err 30.5% on average and 102 of them are optimistic "
            "(GPT-OSS on Megatron-Core about 1.4x; sharded-data-parallel baselines with the "
            "micro-batch unstated up to 6x)",
     "deepspeed_zero3": "DeepSpeed ZeRO-3: the held-out rows (8) err 36.3% on average and 8 "
@@ -151,7 +151,11 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
         out.append(f"{curve} efficiency data is not calibrated against measured runs")
     prof = plan.runtime
     stack = lay.rt.stack if lay is not None else prof.stack
-    sync = lay.rt.grad_sync if lay is not None else prof.resolved("grad_sync")
+    if lay is not None:
+        sync = lay.rt.sync_for(plan.zero)
+    else:
+        sync = "micro_batch" if (prof.stack == "megatron" and prof.grad_sync is None
+                                 and plan.zero >= 2) else str(prof.resolved("grad_sync"))
     if stack in ("pytorch", "trainpilot") and plan.zero >= 1 and plan.dp * plan.cp > 1:
         out.append(HELD_OUT_NOTES["fsdp"])
     if plan.zero == 3 and stack == "deepspeed":
@@ -165,7 +169,8 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
             "are reduce-scattered once per step (FSDP2's set_requires_gradient_sync, "
             "Megatron's distributed optimizer), so it costs ZeRO-1's traffic and memory"
             if sync == "step" else
-            "DeepSpeed runs it: gradients reduce-scattered after every micro-batch"))
+            "DeepSpeed and Megatron-Core's FSDP run it: gradients reduce-scattered after every "
+            "micro-batch"))
     if plan.cp > 1:
         out.append(HELD_OUT_NOTES["cp"])
     if model.moe is not None:

@@ -26,7 +26,9 @@ Physical meaning of each term (docs/cost_model.md, "Runtime profiles"):
   ``perf/dataparallel.py``).
 * ``grad_sync``: "step" reduces gradients once per step (after the last micro-batch), holding
   them unsharded in between; "micro_batch" reduces (ZeRO-2: reduce-scatters) after every
-  micro-batch and keeps only the shard.
+  micro-batch and keeps only the shard. ``sync_for(zero)`` is what a layout at that ZeRO stage
+  does: on the megatron stack ZeRO-2/3 (Megatron-Core's FSDP) reduce-scatter every micro-batch
+  unless the plan names ``grad_sync``.
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ class Runtime:
     fp8_param_gather: bool = False  # Plan.fp8_param_gather: weights all-gathered in 8 bits
     graph_scope: frozenset[str] = frozenset()  # CUDA-graph scopes (Megatron's names)
     zero3_per_param: bool = False  # RuntimeProfile.zero3_collectives == "per_param"
+    # Megatron-Core's own FSDP (ZeRO-2 "optim_grads", ZeRO-3 "optim_grads_params") reduce-
+    # scatters gradients after every micro-batch's backward whatever no_sync says
+    # (distributed/custom_fsdp, core_v0.12.0: "For grads shard mode there will actually always be
+    # gradient sync happening"); True when the stack is megatron and the plan leaves grad_sync
+    # unset.
+    sharded_every_micro_batch: bool = False
+
+    def sync_for(self, zero: int) -> str:
+        """The gradient reduction (``grad_sync``) at ZeRO stage ``zero``."""
+        return "micro_batch" if self.sharded_every_micro_batch and zero >= 2 else self.grad_sync
 
     def graphed(self, scope: str) -> bool:
         """Whether the kernels of ``scope`` (attn, mlp, moe_router, moe: the whole MoE block)
@@ -157,6 +169,7 @@ def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:
         fp8_param_gather=plan.fp8_param_gather,  # Plan refuses it without precision fp8
         graph_scope=frozenset(prof.cuda_graph_scope),
         zero3_per_param=prof.zero3_collectives == "per_param",
+        sharded_every_micro_batch=prof.stack == "megatron" and prof.grad_sync is None,
     )
     if options is not None:
         for key, attr in (("flash_attention", "flash_attention"), ("dropout", "dropout"),

@@ -442,7 +442,7 @@ class _Walk:
         for sp in sps:
             for zero in zeros:
                 if is_duplicate(zero, zeros, lay.dp * lay.cp, lay.num_micro_batches,
-                                lay.rt.grad_sync):
+                                lay.rt.sync_for(zero)):
                     self.duplicates += len(order)
                     continue
                 for j, mode in enumerate(order):

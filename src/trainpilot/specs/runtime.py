@@ -30,7 +30,8 @@ STACKS: tuple[str, ...] = ("trainpilot", "pytorch", "megatron", "megatron-legacy
 #   as one grouped GEMM (torch._grouped_mm, torchtitan's default since 2025).
 # * megatron: Megatron-Core with Transformer Engine: fused norm/activation/RoPE/softmax kernels,
 #   flash attention, distributed-optimizer gradient reduce-scatter per step overlapped with the
-#   backward, parameter all-gather overlapped with the forward; TP and EP overlap per run;
+#   backward (with ZeRO-2/3, Megatron-Core's FSDP, after every micro-batch: perf.runtime
+#   Runtime.sync_for), parameter all-gather overlapped with the forward; TP and EP overlap per run;
 #   experts through TE's GroupedLinear (a GEMM and its fp8 quantization per local expert).
 # * megatron-legacy: 2021-22 Megatron-LM / Megatron-DeepSpeed: unfused (softmax) attention,
 #   apex fused LayerNorm and bias-GeLU, no communication overlap.
