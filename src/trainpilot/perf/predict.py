@@ -14,6 +14,7 @@ from trainpilot.perf.estimator import Estimator
 from trainpilot.perf.flops import convention_flops_per_token
 from trainpilot.perf.memory import GIB
 from trainpilot.perf.options import CostOptions
+from trainpilot.perf.runtime import resolve
 from trainpilot.perf.stages import BREAKDOWN_KEYS, Costing, StageNumbers, layout_of
 from trainpilot.perf.topology import Placement
 from trainpilot.specs import ClusterSpec, ModelSpec, Plan, check_job
@@ -149,13 +150,9 @@ def caveats(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
                    "roofline_curve); measure and add its data for real predictions")
     elif curve not in CALIBRATED_CURVES:
         out.append(f"{curve} efficiency data is not calibrated against measured runs")
-    prof = plan.runtime
-    stack = lay.rt.stack if lay is not None else prof.stack
-    if lay is not None:
-        sync = lay.rt.sync_for(plan.zero)
-    else:
-        sync = "micro_batch" if (prof.stack == "megatron" and prof.grad_sync is None
-                                 and plan.zero >= 2) else str(prof.resolved("grad_sync"))
+    # The runtime the plan is costed with (one rule for its gradient reduction: Runtime.sync_for).
+    rt = lay.rt if lay is not None else resolve(model, plan, options)
+    stack, sync = rt.stack, rt.sync_for(plan.zero)
     if stack in ("pytorch", "trainpilot") and plan.zero >= 1 and plan.dp * plan.cp > 1:
         out.append(HELD_OUT_NOTES["fsdp"])
     if plan.zero == 3 and stack == "deepspeed":
