@@ -237,3 +237,45 @@ def test_one_rank_gloo_group(tmp_path):
                 assert diff_states(restored.state, run.state_dict()) == []
     finally:
         dist.destroy_process_group()
+
+
+def test_retention_runs_under_the_rebind_lock_and_a_stale_save_skips_it(tmp_path, monkeypatch):
+    """A save's tail after the commit (the incremental base, retention's deletions) holds off
+    a rebind, and a save whose group was rebuilt after it committed deletes nothing: otherwise
+    an abandoned save's retention could delete folders of the new timeline."""
+    import torch.distributed.checkpoint as dcp
+
+    from trainpilot.runtime.checkpoint import CheckpointWriteError, layout
+
+    calls: list[bool] = []
+    real_retention = layout.apply_retention
+
+    def retention(*args, **kwargs):
+        calls.append(ckpt._generation_lock.locked())
+        return real_retention(*args, **kwargs)
+
+    monkeypatch.setattr(layout, "apply_retention", retention)
+    ckpt = make(tmp_path, keep_last=1, async_save=False)
+    with ckpt:
+        ckpt.save(1, {"x": torch.zeros(2)}).result()
+        assert calls == [True]  # retention ran, with a rebind held off
+
+        real_save = dcp.save
+
+        def save_then_rebind(*args, **kwargs):
+            out = real_save(*args, **kwargs)
+            with ckpt._generation_lock:  # a rebind lands right after the commit
+                ckpt._generation += 1
+            return out
+
+        monkeypatch.setattr(dcp, "save", save_then_rebind)
+        with pytest.raises(CheckpointWriteError, match="abandoned"):
+            ckpt.save(2, {"x": torch.ones(2)}).result()
+    assert calls == [True]  # the stale save never reached retention
+    # Negative control: the same save with no rebind does reach it (keep_last=1 deletes 1).
+    monkeypatch.setattr(dcp, "save", real_save)
+    with make(tmp_path, keep_last=1, async_save=False) as fresh:
+        ckpt = fresh
+        fresh.save(3, {"x": torch.ones(2)}).result()
+    assert calls == [True, True]
+    assert [s for s, _ in committed(tmp_path / "ckpt")] == [3]

@@ -377,20 +377,25 @@ class Checkpointer:
                 layout.remove_torn(self.root, writer.name)
             failures = {r: (e[0] if isinstance(e, tuple) else e) for r, e in err.failures.items()}
             raise CheckpointWriteError(snap.step, failures) from None
-        self._check_current(snap, bound)  # committed on the old group: keep nothing of it
-        self._num_storage_saves += 1
-        self._base = writer.index if cfg.incremental else None
-        self._base_name = writer.name
-        report.incremental = writer.used_base
-        report.path = str(self.root / writer.name)
-        report.bytes_raw = writer.stats.bytes_raw
-        report.bytes_written = writer.stats.bytes_written
-        report.bytes_referenced = writer.stats.bytes_referenced
-        if group.rank == 0:
-            assert writer.manifest_body is not None  # the coordinator's finish wrote it
-            report.manifest_stats = dict(writer.manifest_body["stats"])
-            report.removed = layout.apply_retention(self.root, keep_last=cfg.keep_last,
-                                                    keep_every=cfg.keep_every)
+        # Committed on the old group: keep nothing of it. The check and everything after it
+        # (the incremental base, retention's deletions) hold off a rebind, as the writer's
+        # disk steps do (``_current``): checked without the lock, a rebind landing between
+        # the check and retention would let the old timeline delete the new one's folders.
+        with self._generation_lock:
+            self._check_current(snap, bound)
+            self._num_storage_saves += 1
+            self._base = writer.index if cfg.incremental else None
+            self._base_name = writer.name
+            report.incremental = writer.used_base
+            report.path = str(self.root / writer.name)
+            report.bytes_raw = writer.stats.bytes_raw
+            report.bytes_written = writer.stats.bytes_written
+            report.bytes_referenced = writer.stats.bytes_referenced
+            if group.rank == 0:
+                assert writer.manifest_body is not None  # the coordinator's finish wrote it
+                report.manifest_stats = dict(writer.manifest_body["stats"])
+                report.removed = layout.apply_retention(self.root, keep_last=cfg.keep_last,
+                                                        keep_every=cfg.keep_every)
 
     # -- restore ---------------------------------------------------------------------------
     def restore_latest(self, template: Any = None, *,
