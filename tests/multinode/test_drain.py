@@ -115,7 +115,14 @@ def test_a_degraded_host_drained_to_the_standby_loses_no_step(ref2, cluster, tmp
     usual = statistics.median(r["step_time_s"] for r in before)
     blip = [r["step"] for r in before if r["step_time_s"] >= usual + 1.5]
     assert len(blip) == 1 and blip[0] <= 4, [(r["step"], r["step_time_s"]) for r in records]
-    slow_steps = [r for r in records if degraded_at["step"] < r["step"] <= done["step"]]
-    assert slow_steps and min(r["step_time_s"] for r in slow_steps) > 0.4  # it was real
+    # It was real: every step run wholly on the degraded link, and the drained step (it ends
+    # after the drain request, itself 3 probe rounds after the slowdown, so it spends at least
+    # those rounds on the slow link), took the slowdown. The drained step can be the one in
+    # flight when the link was slowed (the journal's step): then no step runs wholly on it
+    # (seen once in a fresh-clone CI run, where the window after the journal's step was empty).
+    assert done["step"] >= degraded_at["step"], (done, degraded_at)
+    slow_steps = [r for r in records
+                  if degraded_at["step"] < r["step"] <= done["step"] or r["step"] == done["step"]]
+    assert slow_steps and min(r["step_time_s"] for r in slow_steps) > 0.4, slow_steps
     assert [f["kind"] for f in cluster_faults(run.run_dir)] == ["link_down", "degraded_link"]
     assert_same_run(run.run_dir, ref2, step=9, num_steps=STEPS2)
