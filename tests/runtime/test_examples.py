@@ -24,17 +24,17 @@ def torchrun(script: str, *args: str, env: dict | None = None, restarts: int = 0
            "2", "--max-restarts", str(restarts), str(REPO / "examples" / script), *args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                     **(env or {}))
-    out = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True,
-                         timeout=timeout_s)
-    if out.returncode != 0 and "EADDRINUSE" in out.stderr:
+    for attempt in range(2):
+        out = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True,
+                             timeout=timeout_s)
+        if out.returncode == 0 or "EADDRINUSE" not in out.stderr or attempt:
+            return out
         # torchrun picks the workers' MASTER_PORT free, releases it, and rank 0 binds it later;
         # a test running beside this one can take it in between (CI saw it once). That race is
         # torchrun's, not the example's: start the run again from nothing, once.
         if "--run-dir" in args:
             shutil.rmtree(args[args.index("--run-dir") + 1], ignore_errors=True)
-        out = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True,
-                             timeout=timeout_s)
-    return out
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture
