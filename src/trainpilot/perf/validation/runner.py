@@ -121,7 +121,7 @@ BATCH_GATES = {1: {"dense": 0.12, "moe": 0.19}, 2: {"dense": 0.23, "moe": 0.38},
                7: {"dense": 0.24}, 8: {"dense": 0.065}, 10: {"dense": 0.22},
                11: {"dense": 0.07, "moe": 0.34}, 12: {"dense": 0.17},
                13: {"dense": 0.145}, 14: {"dense": 0.10},
-               15: {"moe": 0.93}, 16: {"dense": 0.06}}
+               15: {"moe": 0.93}, 16: {"dense": 0.06}, 17: {"dense": 0.33}}
 TARGETS = {"dense": 0.10, "moe": 0.15}
 TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
