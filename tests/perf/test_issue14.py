@@ -80,17 +80,56 @@ def test_4_nccl_picks_tree_for_small_all_reduces_at_scale():
 
 
 def test_4_the_search_chooses_the_gradient_bucket():
-    """Where per-bucket latency matters (Megatron's distributed optimizer over 1,024 ranks:
-    one reduce-scatter and one all-gather per bucket, each ~1 ms of ring latency), the best
-    plan comes with larger buckets than DDP's 25 MB default."""
+    """Where per-bucket latency matters (a distributed optimizer over 1,024 ranks: one
+    reduce-scatter and one all-gather per bucket, each ~1 ms of ring latency), the best plan
+    comes with larger buckets than DDP's 25 MB default on a stack that defaults to it; on the
+    megatron stack the default itself is Megatron-Core's max(40M, 1M x DP) parameters (4 GB of
+    fp32 gradients at DP 1,024), which no searched size beats."""
+    from trainpilot.perf.runtime import bucket_mb, resolve
     from trainpilot.plan import SearchSpace, search
     from trainpilot.specs import RuntimeProfile
 
-    result = search(load_model("llama3-8b"), load_cluster("h100-sxm-x1024"),
-                    global_batch_size=1024, seq_len=4096, top=1,
-                    space=SearchSpace(tp=(1,), pp=(1,), cp=(1,), zero=(1,)),
-                    runtime=RuntimeProfile(stack="megatron"))
-    assert result.best.plan.comm.bucket_mb > 25
+    model = load_model("llama3-8b")
+    for stack in ("megatron-legacy", "megatron"):
+        result = search(model, load_cluster("h100-sxm-x1024"),
+                        global_batch_size=1024, seq_len=4096, top=1,
+                        space=SearchSpace(tp=(1,), pp=(1,), cp=(1,), zero=(1,)),
+                        runtime=RuntimeProfile(stack=stack))
+        plan = result.best.plan
+        if stack == "megatron-legacy":
+            assert plan.comm.bucket_mb is not None and plan.comm.bucket_mb > 25
+        else:
+            assert plan.comm.bucket_mb is None and plan.dp == 1024
+            assert bucket_mb(plan, resolve(model, plan)) == 1024e6 * 4 / 1e6
+
+
+def test_4_megatron_buckets_follow_megatron_cores_default():
+    """Unset, the megatron stack's bucket is Megatron-Core's ``max(40M, 1M x DP)`` parameters
+    of its gradient buffer (one bucket without overlap); other stacks keep DDP's 25 MB; a
+    bucket the plan names is used as written. At one GPU per node over 288 nodes (TP 8 fills
+    each node) 25 MB buckets make a step's ring latencies alone exceed the compute."""
+    from trainpilot.perf.runtime import bucket_mb, resolve
+    from trainpilot.specs import RuntimeProfile
+
+    model = load_model("llama3-8b")
+    meg = RuntimeProfile(stack="megatron")
+    cases = [(dict(dp=8, runtime=meg), 40e6 * 4 / 1e6),
+             (dict(dp=288, runtime=meg), 288e6 * 4 / 1e6),
+             (dict(dp=288, runtime=meg, comm={"compression": "bf16"}), 288e6 * 2 / 1e6),
+             (dict(dp=288, runtime=meg, comm={"overlap": False}), 1e9),
+             (dict(dp=288, runtime=meg, comm={"bucket_mb": 25}), 25.0),
+             (dict(dp=288, runtime=RuntimeProfile(stack="pytorch")), 25.0)]
+    for fields, want in cases:
+        plan = Plan(global_batch_size=1152, seq_len=4096, **fields)
+        assert bucket_mb(plan, resolve(model, plan)) == pytest.approx(want), fields
+    # What it changes: the same 288-node TP 8 job's exposed data-parallel time.
+    cluster = load_cluster("h100-sxm-x2304")
+    times = {}
+    for mb in (None, 25.0):
+        plan = Plan(tp=8, dp=288, sequence_parallel=True, micro_batch_size=1,
+                    global_batch_size=1152, seq_len=4096, runtime=meg, comm={"bucket_mb": mb})
+        times[mb] = predict(model, cluster, plan).breakdown_s["dp_comm_exposed"]
+    assert times[None] < times[25.0] / 2, times
 
 
 # 5. MoE at scale.

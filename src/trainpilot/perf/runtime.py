@@ -37,6 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainpilot.specs import ModelSpec, Plan
+from trainpilot.specs.plan import DDP_BUCKET_MB
+
+# Megatron-Core without overlapped reduction: the whole gradient buffer is one bucket (a size
+# no buffer reaches, in MB).
+MEGATRON_ONE_BUCKET_MB = 1e9
 
 # Eager PyTorch decompositions, counted as (full-tensor passes through HBM relative to the fused
 # kernel, kernels issued) for one forward; backward kernels follow the same ratio.
@@ -151,6 +156,22 @@ def grad_bytes(plan: Plan) -> int:
     if plan.comm.compression in ("fp16", "bf16"):
         return 2
     return 2 if plan.precision == "fp16" else 4
+
+
+def bucket_mb(plan: Plan, rt: Runtime) -> float:
+    """The gradient bucket size (MB) the executing stack uses: ``plan.comm.bucket_mb`` when
+    the plan names one. Unset, Megatron-Core's DistributedDataParallel sizes its buckets at
+    ``max(40M, 1M x DP)`` parameters of its gradient buffer (``bucket_size``, core v0.7 on:
+    "larger DP sizes need larger buckets to ensure collectives do not become latency-bound"),
+    and keeps one bucket when the reduction does not overlap the backward; every other stack
+    uses PyTorch DDP's 25 MB."""
+    if plan.comm.bucket_mb is not None:
+        return plan.comm.bucket_mb
+    if rt.stack != "megatron":
+        return DDP_BUCKET_MB
+    if not plan.comm.overlap:
+        return MEGATRON_ONE_BUCKET_MB
+    return max(40e6, 1e6 * plan.dp) * rt.grad_bytes / 1e6
 
 
 def resolve(model: ModelSpec, plan: Plan, options=None) -> Runtime:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from trainpilot.perf.layer import LayerCost
 from trainpilot.perf.memory import RankParams
-from trainpilot.perf.runtime import Runtime, resolve
+from trainpilot.perf.runtime import Runtime, bucket_mb, resolve
 from trainpilot.perf.topology import GroupSpan
 from trainpilot.specs import ModelSpec, Plan, stage_layers
 
@@ -56,6 +56,7 @@ class Layout:
 def layout_of(model: ModelSpec, plan: Plan, options=None) -> Layout:
     """A plan's Layout (raises SpecError when its layers cannot be split over the stages);
     ``options`` (CostOptions) override what the documents say about the runtime."""
+    rt = resolve(model, plan, options)
     return Layout(
         tp=plan.tp, pp=plan.pp, dp=plan.dp, ep=plan.ep, cp=plan.cp, vp=plan.vp, zero=plan.zero,
         micro_batch_size=plan.micro_batch_size, global_batch_size=plan.global_batch_size,
@@ -63,8 +64,8 @@ def layout_of(model: ModelSpec, plan: Plan, options=None) -> Layout:
         precision=plan.precision, schedule=str(plan.pp_schedule),
         stage_layers=tuple(stage_layers(model, plan)), dp_shard=plan.dp_shard,
         overlap=plan.comm.overlap, hierarchical=plan.comm.hierarchical,
-        bucket_mb=plan.comm.bucket_mb, etp=plan.etp, rank_order=plan.rank_order,
-        algorithm=plan.comm.algorithm, rt=resolve(model, plan, options),
+        bucket_mb=bucket_mb(plan, rt), etp=plan.etp, rank_order=plan.rank_order,
+        algorithm=plan.comm.algorithm, rt=rt,
     )
 
 

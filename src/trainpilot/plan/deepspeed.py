@@ -80,7 +80,7 @@ def _zero(plan: Plan) -> dict:
     zero: dict = {"stage": plan.zero}
     if plan.zero:
         zero.update(overlap_comm=plan.comm.overlap, contiguous_gradients=True,
-                    reduce_bucket_size=int(plan.comm.bucket_mb * 1e6))
+                    reduce_bucket_size=int(plan.comm.ddp_bucket_mb * 1e6))
     if plan.zero == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     return zero

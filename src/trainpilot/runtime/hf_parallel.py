@@ -220,7 +220,7 @@ def _wrap_data_parallel(model: CausalLM | HFStage, layout: Layout,
         names = [n for n, p in model.named_parameters() if id(p) in skip]
         names += [n for n, _ in model.named_buffers()]  # rotary tables: same on every rank
         DDP._set_params_and_buffers_to_ignore_for_model(model, names)
-        ddp = DDP(model, process_group=layout.group("dp"), bucket_cap_mb=plan.comm.bucket_mb)
+        ddp = DDP(model, process_group=layout.group("dp"), bucket_cap_mb=plan.comm.ddp_bucket_mb)
         settle_ddp_buckets(ddp, layout.device)
         return ddp, "ddp"
     from torch.distributed.fsdp import fully_shard

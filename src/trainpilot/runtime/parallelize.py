@@ -217,7 +217,7 @@ def _data_parallel(model: nn.Module, layout: Layout, ignored: list[nn.Parameter]
         names = [n for n, p in model.named_parameters() if id(p) in ids]
         names += [n for n, _ in model.named_buffers() if n.startswith("rope_")]
         DDP._set_params_and_buffers_to_ignore_for_model(model, names)
-        ddp = DDP(model, process_group=layout.group(axis), bucket_cap_mb=plan.comm.bucket_mb)
+        ddp = DDP(model, process_group=layout.group(axis), bucket_cap_mb=plan.comm.ddp_bucket_mb)
         settle_ddp_buckets(ddp, layout.device)
         return ddp, "ddp"
     from torch.distributed.fsdp import fully_shard

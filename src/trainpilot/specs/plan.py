@@ -23,10 +23,16 @@ PpSchedule = Literal["1f1b", "gpipe", "interleaved", "zero_bubble"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 
+DDP_BUCKET_MB = 25.0  # torch DistributedDataParallel's bucket_cap_mb default
+
+
 class CommOptions(Spec):
     """Gradient communication: fusion, overlap, topology and compression."""
 
-    bucket_mb: PositiveFloat = 25.0  # DDP's default fusion threshold
+    # Gradient bucket size in MB. Unset: the executing stack's own default, PyTorch DDP's 25 MB
+    # except on the megatron stack, whose DistributedDataParallel sizes its buckets at
+    # max(40M, 1M x DP) parameters of its gradient buffer (``perf/runtime.py bucket_mb``).
+    bucket_mb: PositiveFloat | None = None
     overlap: bool = True  # launch gradient buckets during backward
     hierarchical: bool = False  # intra-node reduce-scatter / inter-node all-reduce / all-gather
     compression: Literal["none", "fp16", "bf16", "powersgd", "topk"] = "none"
@@ -43,6 +49,12 @@ class CommOptions(Spec):
     # Collective algorithm for NCCL-family libraries: "auto" picks, per call, the fastest of
     # ring and tree by size (NCCL's tuner); "ring"/"tree" force one (NCCL_ALGO).
     algorithm: Literal["auto", "ring", "tree"] = "auto"
+
+    @property
+    def ddp_bucket_mb(self) -> float:
+        """The bucket size a PyTorch DDP (or DeepSpeed) run uses: ``bucket_mb``, else DDP's
+        default 25 MB."""
+        return self.bucket_mb if self.bucket_mb is not None else DDP_BUCKET_MB
 
 
 class CheckpointPolicy(Spec):

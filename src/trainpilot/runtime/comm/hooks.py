@@ -370,7 +370,7 @@ def ddp_kwargs(comm: CommOptions, model: torch.nn.Module, *, backend: str = "glo
                ) -> dict[str, Any]:
     """Keyword arguments for ``DistributedDataParallel`` from ``comm``: the fusion threshold
     ``bucket_cap_mb`` (MiB), enlarged to hold every gradient for PowerSGD on gloo."""
-    bucket_mb = comm.bucket_mb
+    bucket_mb = comm.ddp_bucket_mb
     if comm.compression == "powersgd" and backend == "gloo":
         grad_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
         bucket_mb = max(bucket_mb, grad_mib * 1.01 + 1)
