@@ -108,7 +108,7 @@ def test_4_megatron_buckets_follow_megatron_cores_default():
     of its gradient buffer (one bucket without overlap); other stacks keep DDP's 25 MB; a
     bucket the plan names is used as written. At one GPU per node over 288 nodes (TP 8 fills
     each node) 25 MB buckets make a step's ring latencies alone exceed the compute."""
-    from trainpilot.perf.runtime import bucket_mb, resolve
+    from trainpilot.perf.runtime import MEGATRON_ONE_BUCKET_MB, bucket_mb, resolve
     from trainpilot.specs import RuntimeProfile
 
     model = load_model("llama3-8b")
@@ -116,7 +116,7 @@ def test_4_megatron_buckets_follow_megatron_cores_default():
     cases = [(dict(dp=8, runtime=meg), 40e6 * 4 / 1e6),
              (dict(dp=288, runtime=meg), 288e6 * 4 / 1e6),
              (dict(dp=288, runtime=meg, comm={"compression": "bf16"}), 288e6 * 2 / 1e6),
-             (dict(dp=288, runtime=meg, comm={"overlap": False}), 1e9),
+             (dict(dp=288, runtime=meg, comm={"overlap": False}), MEGATRON_ONE_BUCKET_MB),
              (dict(dp=288, runtime=meg, comm={"bucket_mb": 25}), 25.0),
              (dict(dp=288, runtime=RuntimeProfile(stack="pytorch")), 25.0)]
     for fields, want in cases:

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainpilot.specs import ModelSpec, Plan
-from trainpilot.specs.plan import DDP_BUCKET_MB
 
 # Megatron-Core without overlapped reduction: the whole gradient buffer is one bucket (a size
 # no buffer reaches, in MB).
@@ -165,10 +164,8 @@ def bucket_mb(plan: Plan, rt: Runtime) -> float:
     "larger DP sizes need larger buckets to ensure collectives do not become latency-bound"),
     and keeps one bucket when the reduction does not overlap the backward; every other stack
     uses PyTorch DDP's 25 MB."""
-    if plan.comm.bucket_mb is not None:
-        return plan.comm.bucket_mb
-    if rt.stack != "megatron":
-        return DDP_BUCKET_MB
+    if plan.comm.bucket_mb is not None or rt.stack != "megatron":
+        return plan.comm.ddp_bucket_mb
     if not plan.comm.overlap:
         return MEGATRON_ONE_BUCKET_MB
     return max(40e6, 1e6 * plan.dp) * rt.grad_bytes / 1e6
