@@ -123,9 +123,9 @@ HELD_OUT_NOTES = {
             "Colossal-AI, FlashAttention-README, InternEvo, AWS and PyTorch-blog rows (320) "
             "err 13.2% on average, predicted 7.0% faster than measured "
             "(this model is optimistic there)",
-    "moe": "MoE: the held-out MoE rows (115) err 30.5% on average and 102 of them are optimistic "
-           "(GPT-OSS on Megatron-Core about 1.4x; sharded-data-parallel baselines with the "
-           "micro-batch unstated up to 6x)",
+    "moe": "MoE: the held-out MoE rows (115) err 20.6% on average and 99 of them are optimistic "
+           "(GPT-OSS on Megatron-Core about 1.4x; Megatron-Core's FSDP + EP baselines "
+           "+12..+58%)",
     "deepspeed_zero3": "DeepSpeed ZeRO-3: the held-out rows (8) err 36.3% on average and 8 "
                        "of them are optimistic (FlagPerf's 7B models on 8 H100/H800 +10..+25%; "
                        "Narayanan et al. 2021's GPT 175B/530B on 384-2,240 A100, run on "
