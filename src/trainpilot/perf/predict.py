@@ -120,12 +120,13 @@ CALIBRATED_CURVES = ("a100", "h100")
 HELD_OUT_NOTES = {
     "fsdp": "PyTorch stacks with sharded data parallelism (FSDP, ZeRO): the held-out "
             "llm-foundry, torchtitan, KempnerForge, fms-fsdp, nanotron, Lightning Thunder, "
-            "Colossal-AI, FlashAttention-README, InternEvo, AWS and PyTorch-blog rows (320) "
+            "Colossal-AI, FlashAttention-README, InternEvo, AWS, PyTorch-blog and NeMo AutoModel "
+            "rows (321) "
             "err 13.2% on average, predicted 7.0% faster than measured "
             "(this model is optimistic there)",
-    "moe": "MoE: the held-out MoE rows (115) err 20.6% on average and 99 of them are optimistic "
+    "moe": "MoE: the held-out MoE rows (125) err 21.7% on average and 109 of them are optimistic "
            "(GPT-OSS on Megatron-Core about 1.4x; Megatron-Core's FSDP + EP baselines "
-           "+12..+58%)",
+           "+12..+58%; Moonlight-16B at a global batch of 4 sequences about 3x)",
     "deepspeed_zero3": "DeepSpeed ZeRO-3: the held-out rows (8) err 36.3% on average and 8 "
                        "of them are optimistic (FlagPerf's 7B models on 8 H100/H800 +10..+25%; "
                        "Narayanan et al. 2021's GPT 175B/530B on 384-2,240 A100, run on "
