@@ -129,7 +129,12 @@ DATASET_THRESHOLDS = {"llama3_2024": 0.18}
 # pages, NeMo AutoModel's April 2026 row; 11 rows collected blind, committed (90709e3) before any
 # prediction, scored once on 2026-12-07): MoE 34.4% over 10 rows, dense 8.8% (1 row); pooled MoE
 # 20.6 -> 21.7% (125): the pooled MoE gate moves to 22%.
-HELD_OUT_GATES = {"dense": 0.12, "moe": 0.22}
+# Batch 19 (Megatron-Bridge's model verification cards: GPT-OSS 120B / 20B, Moonlight-16B,
+# Qwen3-30B-A3B, Qwen3-8B on 16-64 H100; 10 rows collected blind, committed (bf922f6) before any
+# prediction, scored once on 2026-12-07): MoE 40.1% over 8 rows (GPT-OSS 56-71%), dense 1.3% (2
+# rows); pooled MoE 21.7 -> 22.8% (133), dense 11.82 -> 11.79% (604): the pooled MoE gate moves
+# to 23%.
+HELD_OUT_GATES = {"dense": 0.12, "moe": 0.23}
 BATCH_GATES = {1: {"dense": 0.12, "moe": 0.19}, 2: {"dense": 0.23, "moe": 0.38},
                3: {"dense": 0.05, "moe": 0.16}, 4: {"dense": 0.155, "moe": 0.22},
                5: {"dense": 0.10}, 6: {"dense": 0.14, "moe": 0.39},
@@ -137,7 +142,8 @@ BATCH_GATES = {1: {"dense": 0.12, "moe": 0.19}, 2: {"dense": 0.23, "moe": 0.38},
                11: {"dense": 0.07, "moe": 0.34}, 12: {"dense": 0.17},
                13: {"dense": 0.145}, 14: {"dense": 0.10},
                15: {"moe": 0.17}, 16: {"dense": 0.06}, 17: {"dense": 0.15},
-               18: {"dense": 0.09, "moe": 0.35}}
+               18: {"dense": 0.09, "moe": 0.35},
+               19: {"dense": 0.02, "moe": 0.41}}
 TARGETS = {"dense": 0.10, "moe": 0.15}
 TIME_METRICS = ("step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
