@@ -81,11 +81,12 @@ SMI_TABLE_ROW = re.compile(rb"(?:(\d+)w\s*/\s*(\d+)w\s*|)\|\s*(\d+)mib\s*/\s*\d+
 _NUM = rb"([-+]?(?:\d+(?:\.\d*|)|\.\d+)(?:e[-+]?\d+|)|nan|[-+]?inf(?:inity|))"
 # On the lower-cased bytes of a chunk. Each starts with a literal so that `re` scans for it at
 # C speed; what precedes is checked after a match.
-# "loss 3.99", "loss: nan", "loss=2.1", "'loss': 2.0", and BigDL's / Java's "Loss is Infinity."
+# "loss 3.99", "loss: nan", "loss=2.1", "'loss': 2.0", BigDL's / Java's "Loss is Infinity.", and a
+# loss indexed by its step, "train_batch_loss[ 6590 ]:  nan" (a print of ``f"loss[{i}]:"``).
 # The separator's whitespace runs are possessive (``*+``): what follows each is not whitespace,
 # so giving some back never leads to a match, and `re` no longer tries.
-LOSS = re.compile(rb"loss(?:es|)[\"']?(?:\s*+[:=]\s*+|\s++(?:is\s++|))[\"']?" + _NUM
-                  + rb"(?![a-z0-9])")
+LOSS = re.compile(rb"loss(?:es|)(?:\[\s*+\d++\s*+\]|)[\"']?(?:\s*+[:=]\s*+|\s++(?:is\s++|))[\"']?"
+                  + _NUM + rb"(?![a-z0-9])")
 GRAD_NONFINITE = re.compile(rb"norm[\"']?\s*(?:[:=]\s*|\s+)[\"']?(nan|[-+]?inf(?:inity)?)(?![a-z0-9])")
 # A loss field with a suffix (Lightning's ``train_loss_step=nan`` / ``loss_epoch``, ``loss_avg``):
 # read for non-finite values only (not part of the loss series); the loss scale is not a loss.
