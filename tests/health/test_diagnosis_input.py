@@ -447,13 +447,15 @@ def test_corpus_accuracy_and_its_negative_control():
     # it; batch 39's simpletuner-59 a data-loading failure its collector noted could be read as
     # user_code (both labels kept as collected). Batch 40's flower-955 is a Flower server log that
     # stops at "FL starting" (it waits for a second client). Batch 43's ultralytics-3122 is DDP's
-    # unused-parameter error again, labelled collective_mismatch by its collector.
+    # unused-parameter error again, labelled collective_mismatch by its collector, and so is
+    # batch 47's llamafactory-3102. (Batch 46's fb-bev-42, "Default process group has not been
+    # initialized" in a single-process run, got its pattern the day it was scored.)
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
     assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "nccl-1417",
                       "pytorch-lightning-18857", "gpt-neox-988",
                       "3d-student-splatting-and-scooping-5", "nanogpt-55",
                       "simcse-78", "simpletuner-59", "flower-955",
-                      "ultralytics-3122"}, misses
+                      "ultralytics-3122", "llamafactory-3102"}, misses
     held, n = report.accuracy("held_out")
     # A regression floor at the measured level (docs/health.md), not the 90 % target.
     assert held / n >= HELD_OUT_GATE, report.to_dict()["misses"]
