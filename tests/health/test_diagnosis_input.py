@@ -442,9 +442,9 @@ def test_corpus_accuracy_and_its_negative_control():
     # Batch 28's nanogpt-55 is ProcessGroupNCCL's generic "Some NCCL operations have failed or
     # timed out" only; the missing InfiniBand (NCCL_IB_DISABLE=1 fixed it) is in the thread.
     # (Batch 35's crnn-pytorch-7, a loss printed as `train_batch_loss[ 6590 ]:  nan`, is read
-    # since 2026-12-07: the loss field may carry a bracketed index.) Batch 38's simcse-78 is DDP's unused-parameter error, which its collector
-    # labelled collective_mismatch and five earlier cases label user_code, as the diagnosis reads
-    # it; batch 39's simpletuner-59 a data-loading failure its collector noted could be read as
+    # since 2026-12-07: the loss field may carry a bracketed index.) Batch 38's simcse-78 is
+    # DDP's unused-parameter error, which its collector labelled collective_mismatch and five
+    # earlier cases label user_code, as the diagnosis reads it; batch 39's simpletuner-59 a data-loading failure its collector noted could be read as
     # user_code (both labels kept as collected). Batch 40's flower-955 is a Flower server log that
     # stops at "FL starting" (it waits for a second client). Batch 43's ultralytics-3122 is DDP's
     # unused-parameter error again, labelled collective_mismatch by its collector, and so is

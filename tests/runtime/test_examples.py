@@ -24,17 +24,19 @@ def torchrun(script: str, *args: str, env: dict | None = None, restarts: int = 0
            "2", "--max-restarts", str(restarts), str(REPO / "examples" / script), *args]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
                     **(env or {}))
-    for attempt in range(2):
-        out = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True,
-                             timeout=timeout_s)
-        if out.returncode == 0 or "EADDRINUSE" not in out.stderr or attempt:
-            return out
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True,
+                              timeout=timeout_s)
+
+    out = run()
+    if out.returncode != 0 and "EADDRINUSE" in out.stderr:
         # torchrun picks the workers' MASTER_PORT free, releases it, and rank 0 binds it later;
         # a test running beside this one can take it in between (CI saw it once). That race is
         # torchrun's, not the example's: start the run again from nothing, once.
         if "--run-dir" in args:
             shutil.rmtree(args[args.index("--run-dir") + 1], ignore_errors=True)
-    raise AssertionError("unreachable")
+        out = run()
+    return out
 
 
 @pytest.fixture
