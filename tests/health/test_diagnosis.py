@@ -126,6 +126,24 @@ def test_no_exception_of_its_own_stays_unknown(text):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == "unknown"
 
 
+@pytest.mark.parametrize("text, expected", [
+    # bash's job line for a SIGKILLed child, posted without its "<script>: line N: " prefix.
+    ("71885 Killed                  python -m kauldron.main --cfg=cfg.py\n", "host_oom"),
+    # JAX's tracing errors: a concrete value asked of a traced one.
+    ("jax._src.traceback_util.UnfilteredStackTrace: jax._src.errors.ConcretizationTypeError: "
+     "Abstract tracer value encountered where concrete value is expected: "
+     "Traced<ShapedArray(bool[], weak_type=True)>with<DynamicJaxprTrace(level=0/9)>\n", "user_code"),
+    ("jax.errors.TracerBoolConversionError: Attempted boolean conversion of traced array\n",
+     "user_code"),
+    # Negative controls: prose with a count and "Killed", and a healthy log naming a tracer.
+    ("step 10 loss 2.1\n12 Killed processes were restarted by the supervisor\n", "unknown"),
+    ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
+     "unknown"),
+])
+def test_a_bare_shell_kill_line_and_jax_tracer_errors(text, expected):
+    assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
+
+
 def test_a_matched_pattern_outranks_the_exception_fallback():
     text = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
             "RuntimeError: something else\n")
