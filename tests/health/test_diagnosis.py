@@ -135,12 +135,17 @@ def test_no_exception_of_its_own_stays_unknown(text):
      "Traced<ShapedArray(bool[], weak_type=True)>with<DynamicJaxprTrace(level=0/9)>\n", "user_code"),
     ("jax.errors.TracerBoolConversionError: Attempted boolean conversion of traced array\n",
      "user_code"),
-    # Negative controls: prose with a count and "Killed", and a healthy log naming a tracer.
+    # Windows' ERROR_DISK_FULL text, as TensorFlow's cache writer passes it through.
+    ("(0) Unknown: Failed to WriteFile: cache/training_0.data-00000-of-00001.tempstate1 : "
+     "There is not enough space on the disk.\n", "storage"),
+    # Negative controls: prose with a count and "Killed", a healthy log naming a tracer, and
+    # one reporting free disk space.
     ("step 10 loss 2.1\n12 Killed processes were restarted by the supervisor\n", "unknown"),
+    ("step 10 loss 2.1\nINFO checked the disk: 40 GB of space free on the disk\n", "unknown"),
     ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
      "unknown"),
 ])
-def test_a_bare_shell_kill_line_and_jax_tracer_errors(text, expected):
+def test_a_bare_shell_kill_line_jax_tracer_errors_and_windows_disk_full(text, expected):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
 
 
