@@ -138,14 +138,20 @@ def test_no_exception_of_its_own_stays_unknown(text):
     # Windows' ERROR_DISK_FULL text, as TensorFlow's cache writer passes it through.
     ("(0) Unknown: Failed to WriteFile: cache/training_0.data-00000-of-00001.tempstate1 : "
      "There is not enough space on the disk.\n", "storage"),
-    # Negative controls: prose with a count and "Killed", a healthy log naming a tracer, and
-    # one reporting free disk space.
+    # The TPU runtime failing to reserve HBM for an XLA program.
+    ("Exception in device=TPU:6: RESOURCE_EXHAUSTED: From /job:localservice/replica:0/task:0:\n"
+     "  (0) RESOURCE_EXHAUSTED: Attempting to reserve 10.51G at the bottom of memory. That was "
+     "not possible. There are 8.97G free, 0B reserved, and 8.97G reservable.\n", "device_oom"),
+    # Negative controls: prose with a count and "Killed", a healthy log naming a tracer, one
+    # reporting free disk space, and a memory reservation that succeeded.
     ("step 10 loss 2.1\n12 Killed processes were restarted by the supervisor\n", "unknown"),
     ("step 10 loss 2.1\nINFO checked the disk: 40 GB of space free on the disk\n", "unknown"),
+    ("step 10 loss 2.1\nINFO reserved 10.51G at the bottom of memory for the program\n",
+     "unknown"),
     ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
      "unknown"),
 ])
-def test_a_bare_shell_kill_line_jax_tracer_errors_and_windows_disk_full(text, expected):
+def test_shell_kill_lines_jax_tracer_errors_windows_disk_full_and_tpu_hbm(text, expected):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
 
 
