@@ -142,16 +142,21 @@ def test_no_exception_of_its_own_stays_unknown(text):
     ("Exception in device=TPU:6: RESOURCE_EXHAUSTED: From /job:localservice/replica:0/task:0:\n"
      "  (0) RESOURCE_EXHAUSTED: Attempting to reserve 10.51G at the bottom of memory. That was "
      "not possible. There are 8.97G free, 0B reserved, and 8.97G reservable.\n", "device_oom"),
+    # A PySlowFast-style video dataset that gave up on decoding.
+    ("Failed to decode by torchvision with exception: No such operator "
+     "video_reader::probe_video_from_memory\n"
+     "RuntimeError: Failed to fetch video after 10 retries.\n", "dataloader"),
     # Negative controls: prose with a count and "Killed", a healthy log naming a tracer, one
-    # reporting free disk space, and a memory reservation that succeeded.
+    # reporting free disk space, a memory reservation that succeeded, and a fetch that did.
     ("step 10 loss 2.1\n12 Killed processes were restarted by the supervisor\n", "unknown"),
     ("step 10 loss 2.1\nINFO checked the disk: 40 GB of space free on the disk\n", "unknown"),
     ("step 10 loss 2.1\nINFO reserved 10.51G at the bottom of memory for the program\n",
      "unknown"),
+    ("step 10 loss 2.1\nINFO fetched video 12 after 2 retries\nstep 11 loss 2.0\n", "unknown"),
     ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
      "unknown"),
 ])
-def test_shell_kill_lines_jax_tracer_errors_windows_disk_full_and_tpu_hbm(text, expected):
+def test_patterns_written_from_batches_49_to_54(text, expected):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
 
 

@@ -450,8 +450,8 @@ def test_corpus_accuracy_and_its_negative_control():
     # unused-parameter error again, labelled collective_mismatch by its collector, and so is
     # batch 47's llamafactory-3102. (Batch 46's fb-bev-42, "Default process group has not been
     # initialized" in a single-process run, got its pattern the day it was scored, as did batch
-    # 49's gemma-431, scenic-709 and dreamerv3-5, batch 50's spleeter-480 and batch 52's
-    # transformers-22328.) Batch 53's mmagic-419, joligen-104 and pytorch-lightning-20685 are the
+    # 49's gemma-431, scenic-709 and dreamerv3-5, batch 50's spleeter-480, batch 52's
+    # transformers-22328 and batch 54's slowfast-438.) Batch 53's mmagic-419, joligen-104 and pytorch-lightning-20685 are the
     # unused-parameter error again (Lightning's wording in the last), labelled
     # collective_mismatch by their collector.
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
