@@ -146,17 +146,28 @@ def test_no_exception_of_its_own_stays_unknown(text):
     ("Failed to decode by torchvision with exception: No such operator "
      "video_reader::probe_video_from_memory\n"
      "RuntimeError: Failed to fetch video after 10 retries.\n", "dataloader"),
+    # nvJPEG's allocator failing inside DALI's decoder; Petastorm's stopped reader; a lambda that
+    # a spawned worker cannot receive.
+    ("RuntimeError: Critical error in pipeline: Error in thread 4: [nvjpeg_decoder.h:351] "
+     "NVJPEG error \"5\" : NVJPEG_STATUS_ALLOCATOR_FAILURE n04418357_26036.JPEG\n", "device_oom"),
+    ("Iteration on Petastorm DataLoader raise error: RuntimeError('Trying to read a sample after "
+     "a reader created by make_reader/make_batch_reader has stopped.')\n", "dataloader"),
+    ("Exception in main training loop: Can't pickle local object 'create.<locals>.<lambda>'\n",
+     "user_code"),
     # Negative controls: prose with a count and "Killed", a healthy log naming a tracer, one
-    # reporting free disk space, a memory reservation that succeeded, and a fetch that did.
+    # reporting free disk space, a memory reservation that succeeded, a fetch that did, a reader
+    # that was read while open, and a pickle that worked.
     ("step 10 loss 2.1\n12 Killed processes were restarted by the supervisor\n", "unknown"),
     ("step 10 loss 2.1\nINFO checked the disk: 40 GB of space free on the disk\n", "unknown"),
     ("step 10 loss 2.1\nINFO reserved 10.51G at the bottom of memory for the program\n",
      "unknown"),
     ("step 10 loss 2.1\nINFO fetched video 12 after 2 retries\nstep 11 loss 2.0\n", "unknown"),
+    ("step 10 loss 2.1\nINFO Petastorm reader created by make_reader, 12 row groups\n", "unknown"),
+    ("step 10 loss 2.1\nINFO pickled local object cache to /tmp/cache.pkl\n", "unknown"),
     ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
      "unknown"),
 ])
-def test_patterns_written_from_batches_49_to_54(text, expected):
+def test_patterns_written_from_batches_49_to_57(text, expected):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
 
 
