@@ -154,6 +154,9 @@ def test_no_exception_of_its_own_stays_unknown(text):
      "a reader created by make_reader/make_batch_reader has stopped.')\n", "dataloader"),
     ("Exception in main training loop: Can't pickle local object 'create.<locals>.<lambda>'\n",
      "user_code"),
+    # Caffe's CUDA_CHECK, glog's CHECK_EQ on cudaErrorMemoryAllocation (2).
+    ("F0110 18:01:08.005344 19573 syncedmem.cpp:51] Check failed: error == cudaSuccess (2 vs. 0)"
+     "  out of memory\n*** Check failure stack trace: ***\n", "device_oom"),
     # Negative controls: prose with a count and "Killed", a healthy log naming a tracer, one
     # reporting free disk space, a memory reservation that succeeded, a fetch that did, a reader
     # that was read while open, and a pickle that worked.
@@ -167,8 +170,15 @@ def test_no_exception_of_its_own_stays_unknown(text):
     ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
      "unknown"),
 ])
-def test_patterns_written_from_batches_49_to_57(text, expected):
+def test_patterns_written_from_batches_49_to_59(text, expected):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
+
+
+def test_caffes_cuda_check_is_an_oom_only_for_error_2():
+    """Negative control: the same glog line for another CUDA error is not an out-of-memory."""
+    text = ("F0110 18:01:08.005344 19573 math_functions.cu:79] Check failed: error == cudaSuccess "
+            "(1 vs. 0)  invalid argument\n")
+    assert DIAGNOSER.diagnose_texts({"x.log": text}).category != "device_oom"
 
 
 def test_a_matched_pattern_outranks_the_exception_fallback():

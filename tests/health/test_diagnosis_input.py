@@ -452,7 +452,10 @@ def test_corpus_accuracy_and_its_negative_control():
     # initialized" in a single-process run, got its pattern the day it was scored, as did batch
     # 49's gemma-431, scenic-709 and dreamerv3-5, batch 50's spleeter-480, batch 52's
     # transformers-22328, batch 54's slowfast-438 and batch 56's dali-486 and horovod-3082 and
-    # batch 57's become-yukarin-65.) Batch 56's streaming-145 is a hang whose log just stops. Batch 53's mmagic-419, joligen-104 and pytorch-lightning-20685 are the
+    # batch 57's become-yukarin-65, and batch 59's dgd_person_reid-17.) Batch 56's streaming-145
+    # and batch 59's deepfacelab-939 are hangs whose logs just stop; batch 58's strip-r-cnn-17 and
+    # mmdetection-8626 and batch 59's pose-with-style-22 are the unused-parameter error labelled
+    # collective_mismatch by their collectors. Batch 53's mmagic-419, joligen-104 and pytorch-lightning-20685 are the
     # unused-parameter error again (Lightning's wording in the last), labelled
     # collective_mismatch by their collector.
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
@@ -461,7 +464,8 @@ def test_corpus_accuracy_and_its_negative_control():
                       "3d-student-splatting-and-scooping-5", "nanogpt-55",
                       "simcse-78", "simpletuner-59", "flower-955",
                       "ultralytics-3122", "llamafactory-3102", "mmagic-419", "joligen-104",
-                      "pytorch-lightning-20685", "streaming-145"}, misses
+                      "pytorch-lightning-20685", "streaming-145", "strip-r-cnn-17",
+                      "mmdetection-8626", "pose-with-style-22", "deepfacelab-939"}, misses
     held, n = report.accuracy("held_out")
     # A regression floor at the measured level (docs/health.md), not the 90 % target.
     assert held / n >= HELD_OUT_GATE, report.to_dict()["misses"]
