@@ -157,6 +157,16 @@ def test_no_exception_of_its_own_stays_unknown(text):
     # Caffe's CUDA_CHECK, glog's CHECK_EQ on cudaErrorMemoryAllocation (2).
     ("F0110 18:01:08.005344 19573 syncedmem.cpp:51] Check failed: error == cudaSuccess (2 vs. 0)"
      "  out of memory\n*** Check failure stack trace: ***\n", "device_oom"),
+    # Optuna's failed-trial message carries the objective's exception as a repr; an OOM in it is
+    # still an OOM.
+    ("[W 2020-04-29 14:35:40,296] Setting status of trial#0 as TrialState.FAIL because of the "
+     "following error: TypeError(\"'<' not supported between instances of 'Trainer' and "
+     "'int'\")\n", "user_code"),
+    ("[W 2023-01-01 10:00:00,000] Trial 3 failed with parameters: {'lr': 0.1} because of the "
+     "following error: OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB').\n",
+     "device_oom"),
+    ("[I 2023-01-01 10:00:00,000] Trial 3 finished with value: 0.91 and parameters: "
+     "{'lr': 0.1}. Best is trial 3 with value: 0.91.\n", "unknown"),
     # Negative controls: prose with a count and "Killed", a healthy log naming a tracer, one
     # reporting free disk space, a memory reservation that succeeded, a fetch that did, a reader
     # that was read while open, and a pickle that worked.
@@ -170,7 +180,7 @@ def test_no_exception_of_its_own_stays_unknown(text):
     ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
      "unknown"),
 ])
-def test_patterns_written_from_batches_49_to_59(text, expected):
+def test_patterns_written_from_batches_49_to_63(text, expected):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
 
 

@@ -452,7 +452,7 @@ def test_corpus_accuracy_and_its_negative_control():
     # initialized" in a single-process run, got its pattern the day it was scored, as did batch
     # 49's gemma-431, scenic-709 and dreamerv3-5, batch 50's spleeter-480, batch 52's
     # transformers-22328, batch 54's slowfast-438 and batch 56's dali-486 and horovod-3082 and
-    # batch 57's become-yukarin-65, and batch 59's dgd_person_reid-17.) Batch 56's streaming-145
+    # batch 57's become-yukarin-65, batch 59's dgd_person_reid-17 and batch 63's optuna-1186.) Batch 56's streaming-145
     # and batch 59's deepfacelab-939 are hangs whose logs just stop; batch 58's strip-r-cnn-17 and
     # mmdetection-8626 and batch 59's pose-with-style-22 are the unused-parameter error labelled
     # collective_mismatch by their collectors. Batch 53's mmagic-419, joligen-104 and pytorch-lightning-20685 are the
