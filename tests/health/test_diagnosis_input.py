@@ -444,20 +444,19 @@ def test_corpus_accuracy_and_its_negative_control():
     # (Batch 35's crnn-pytorch-7, a loss printed as `train_batch_loss[ 6590 ]:  nan`, is read
     # since 2026-12-07: the loss field may carry a bracketed index.) Batch 38's simcse-78 is
     # DDP's unused-parameter error, which its collector labelled collective_mismatch and five
-    # earlier cases label user_code, as the diagnosis reads it; batch 39's simpletuner-59 a data-loading failure its collector noted could be read as
-    # user_code (both labels kept as collected). Batch 40's flower-955 is a Flower server log that
-    # stops at "FL starting" (it waits for a second client). Batch 43's ultralytics-3122 is DDP's
-    # unused-parameter error again, labelled collective_mismatch by its collector, and so is
-    # batch 47's llamafactory-3102. (Batch 46's fb-bev-42, "Default process group has not been
-    # initialized" in a single-process run, got its pattern the day it was scored, as did batch
-    # 49's gemma-431, scenic-709 and dreamerv3-5, batch 50's spleeter-480, batch 52's
-    # transformers-22328, batch 54's slowfast-438 and batch 56's dali-486 and horovod-3082 and
-    # batch 57's become-yukarin-65, batch 59's dgd_person_reid-17 and batch 63's optuna-1186.) Batch 56's streaming-145
-    # and batch 59's deepfacelab-939 are hangs whose logs just stop; batch 58's strip-r-cnn-17 and
-    # mmdetection-8626 and batch 59's pose-with-style-22 are the unused-parameter error labelled
-    # collective_mismatch by their collectors. Batch 53's mmagic-419, joligen-104 and pytorch-lightning-20685 are the
-    # unused-parameter error again (Lightning's wording in the last), labelled
-    # collective_mismatch by their collector.
+    # earlier cases label user_code, as the diagnosis reads it; batch 39's simpletuner-59 a
+    # data-loading failure its collector noted could be read as user_code (both labels kept as
+    # collected). Batch 40's flower-955 is a Flower server log that stops at "FL starting" (it
+    # waits for a second client). The unused-parameter error labelled collective_mismatch by its
+    # collector comes back in batch 43's ultralytics-3122, batch 47's llamafactory-3102, batch
+    # 53's mmagic-419, joligen-104 and pytorch-lightning-20685 (Lightning's wording), batch 58's
+    # strip-r-cnn-17 and mmdetection-8626 and batch 59's pose-with-style-22. Batch 56's
+    # streaming-145 and batch 59's deepfacelab-939 are hangs whose logs just stop. (Batch 46's
+    # fb-bev-42, "Default process group has not been initialized" in a single-process run, got its
+    # pattern the day it was scored, as did batch 49's gemma-431, scenic-709 and dreamerv3-5,
+    # batch 50's spleeter-480, batch 52's transformers-22328, batch 54's slowfast-438, batch 56's
+    # dali-486 and horovod-3082, batch 57's become-yukarin-65, batch 59's dgd_person_reid-17 and
+    # batch 63's optuna-1186.)
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
     assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "nccl-1417",
                       "pytorch-lightning-18857", "gpt-neox-988",
