@@ -150,6 +150,44 @@ def test_a_kill_from_an_older_generation_is_stale(store, monkeypatch):
     assert not watcher.store.check(["kill/1/1"])
 
 
+def test_a_recovering_rank_reports_the_next_generation_before_it_asks_the_store(
+        store, monkeypatch):
+    """The race behind a flaky multi-node run: cut off, a rank that timed out of generation 0
+    asks the store to advance, and that request waits for the heal; its heartbeat thread's own
+    connection may come back first and find the kill issued for generation 0. By then the
+    heartbeat must already report generation 1, so the kill is stale. Negative control: the
+    same kill obeyed at generation 0 (the order the session used before)."""
+    import os
+    import signal
+
+    from trainpilot.runtime.elastic.session import ElasticSession
+
+    killed = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    peer = _beats(store, 1)
+    peer.store.set("kill/1/1", '{"by": 0, "reason": "silent", "gen": 0}')
+    peer._obey_kill()  # the control: in generation 0, the kill is obeyed
+    assert killed == [(os.getpid(), signal.SIGKILL)]
+    killed.clear()
+
+    class Cut(Exception):
+        pass
+
+    class BlockedGenerations:
+        def advance(self, failed_gen):  # the heal has not come: the heartbeat gets there first
+            peer._obey_kill()
+            raise Cut
+
+    session = ElasticSession.__new__(ElasticSession)
+    session.config, session.env = ElasticConfig(), _env(1, store.port)
+    session.gens, session.heartbeat = BlockedGenerations(), peer
+    session.gen, session.num_recoveries = 0, 0
+    trainer = type("T", (), {"step": 4})()
+    with pytest.raises(Cut):
+        session.recover(trainer, RuntimeError("Timed out waiting 5000ms for recv"))
+    assert killed == [] and peer.gen == 1 and peer.phase == "recovery"
+
+
 def test_a_rank_that_finished_is_not_declared_failed(store):
     verdicts = []
     watcher = _beats(store, 0, on_verdict=verdicts.append).start()

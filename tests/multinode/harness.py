@@ -190,6 +190,15 @@ def cluster_faults(run_dir: Path) -> list[dict]:
             if r.get("origin") == "cluster"]
 
 
+def rank_warnings(run_dir: Path) -> list[str]:
+    """What the ranks logged about failures and recoveries (every attempt, every host): shown
+    when a recovery test finds more or fewer restarts than it expects."""
+    words = ("recover", "declared", "stale", "withdrawn", "generation", "exiting", "Timed out")
+    return [line for path in sorted(run_dir.glob("logs/*/attempt_*/*/stderr.log"))
+            for line in path.read_text(errors="replace").splitlines()
+            if any(w in line for w in words)]
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)

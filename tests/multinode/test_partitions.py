@@ -23,6 +23,7 @@ from tests.multinode.harness import (
     completed_steps,
     journal_fault,
     launch,
+    rank_warnings,
     start_with_standby,
     wait_for_spill,
 )
@@ -59,7 +60,9 @@ def test_partition_for_60_s_recovers_with_the_spare_bit_exact(ref2, cluster, tmp
     assert finished < 60.0  # the job did not wait for the partition to heal
     assert said.strip().splitlines()[-1].startswith("this host left the job"), said[-2000:]
     assert "Traceback" not in said
-    [restart] = [e.payload for e in events(run.run_dir, ["restart"])]
+    restarts = [e.payload for e in events(run.run_dir, ["restart"])]
+    assert len(restarts) == 1, (restarts, rank_warnings(run.run_dir))
+    [restart] = restarts
     assert restart["source"] == "memory" and restart["reason"] == "membership", restart
     assert [f["kind"] for f in cluster_faults(run.run_dir)] == ["partition"]
     assert_same_run(run.run_dir, ref2, step=9, num_steps=STEPS2)
@@ -88,7 +91,9 @@ def test_partition_for_10_s_is_recovered_in_process_bit_exact(ref2, cluster, tmp
         cluster.heal("node0", "node1")
         assert run.wait() == {"node0": 0, "node1": 0}, run.outputs()
     assert dropped > 0, "the partition dropped nothing"  # the fault fired
-    [restart] = [e.payload for e in events(run.run_dir, ["restart"])]
+    restarts = [e.payload for e in events(run.run_dir, ["restart"])]
+    assert len(restarts) == 1, (restarts, rank_warnings(run.run_dir))
+    [restart] = restarts
     assert restart["reason"] == "in_process" and restart["source"] == "memory", restart
     assert "Timed out" in restart["error"]  # the collective timed out on the cut
     assert restart["restored_step"] == 3 and restart["failed_step"] >= at - 1, restart

@@ -188,10 +188,15 @@ class ElasticSession:
         log.warning("rank %d: %s at step %d (generation %d); recovering in process",
                     self.rank, type(err).__name__, failed_step + 1, failed_gen)
         # Announce the move at once: a peer that sees this rank still in the failed generation
-        # for long would declare it hung.
+        # for long would declare it hung. The heartbeat says so before the store is asked: cut
+        # off, that request waits for the heal, and the heartbeat thread's own connection may
+        # come back first and find a kill issued for the failed generation, stale only if
+        # this rank already reports a newer one (it otherwise killed a rank that was joining).
+        if self.heartbeat is not None:
+            self.heartbeat.update(gen=failed_gen + 1, phase="recovery")
         target = self.gens.advance(failed_gen)
         if self.heartbeat is not None:
-            self.heartbeat.update(gen=target, phase="recovery")
+            self.heartbeat.update(gen=target)
         trainer.teardown()
         # Peers blocked on this group notice at their collective timeout (gloo cannot abort a
         # group; a process that died closes its sockets and is noticed at once).
