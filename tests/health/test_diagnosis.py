@@ -184,6 +184,39 @@ def test_patterns_written_from_batches_49_to_63(text, expected):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    # TensorFlow's allocator (batches 66 and 67), with the device named; the BFC allocator's
+    # warning that the caller survives is no failure, and a CPU tensor is not device memory.
+    ("[1,1]<stderr>:tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when "
+     "allocating tensor with shape[2,1023,50257] and type float on "
+     "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc\n", "device_oom"),
+    ("W tensorflow/core/common_runtime/bfc_allocator.cc:275] Ran out of memory trying to allocate "
+     "7.69MiB.  See logs for memory state.\n", "device_oom"),
+    ("W tensorflow/core/common_runtime/bfc_allocator.cc:239] Allocator (GPU_0_bfc) ran out of "
+     "memory trying to allocate 3.46GiB with freed_by_count=0. The caller indicates that this is "
+     "not a failure, but may mean that there could be performance gains if more memory were "
+     "available.\nEpoch 1/10\n", "unknown"),
+    ("W op_kernel.cc:1273] Resource exhausted: OOM when allocating tensor with shape[1024,50257] "
+     "and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu\n",
+     "not device_oom"),
+    # A zero-padded NaN loss (Python's format), and the space before "=" (batch 66).
+    ("Step      60 (19.23%): loss = 3.09014 EER=0.17402\n"
+     "Step      80 (23.64%): loss = 0000nan EER=0.00000\n", "numerical"),
+    ("epoch 3 step 200 loss = nan\n", "numerical"),
+    ("epoch 3 step 200 loss = 0000.5 lr = 0.0001\nepoch 3 step 201 loss = 0000.4\n", "unknown"),
+    # Lua Torch's short write while saving (batch 67).
+    ("lua: .../torch/File.lua:210: write error: wrote 24686288 blocks instead of 32768000 at "
+     ".../TH/THDiskFile.c:353\n", "storage"),
+    ("Epoch: [20][ 3 / 3] Err_G: 1.69 wrote 3 blocks of images to disk\n", "unknown"),
+])
+def test_patterns_written_from_batches_66_and_67(text, expected):
+    got = DIAGNOSER.diagnose_texts({"x.log": text}).category
+    if expected.startswith("not "):
+        assert got != expected[4:], got
+    else:
+        assert got == expected
+
+
 def test_caffes_cuda_check_is_an_oom_only_for_error_2():
     """Negative control: the same glog line for another CUDA error is not an out-of-memory."""
     text = ("F0110 18:01:08.005344 19573 math_functions.cu:79] Check failed: error == cudaSuccess "
