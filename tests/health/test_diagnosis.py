@@ -217,6 +217,32 @@ def test_patterns_written_from_batches_66_and_67(text, expected):
         assert got == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    # Written from the frameworks' sources, not from any case (docs/health.md, batches 64-67).
+    ("mxnet.base.MXNetError: [23:54:01] src/storage/./pooled_storage_manager.h:161: cudaMalloc "
+     "retry failed: out of memory\n", "device_oom"),
+    ("MemoryError: Error allocating 1258291200 bytes of device memory "
+     "(CNMEM_STATUS_OUT_OF_MEMORY).\n", "device_oom"),
+    ("Error allocating 422125568 bytes of device memory (an illegal memory access was "
+     "encountered). Driver report 0 bytes free and 0 bytes total\n", "not device_oom"),
+    ("RuntimeError: Device(id:0) memory isn't enough and alloc failed, kernel name: "
+     "Default/network-WithLossCell, alloc size: 1073741824B.\n", "device_oom"),
+    ("Resource exhausted: OOM when allocating tensor with shape[1024,50257] and type float on "
+     "/job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu\n", "host_oom"),
+    ("tensorflow.python.framework.errors_impl.InvalidArgumentError: LossTensor is inf or nan : "
+     "Tensor had NaN values\n", "numerical"),
+    ("InvalidArgumentError: Nan in summary histogram for: dense/kernel_0\n", "numerical"),
+    ("INFO:tensorflow:global_step/sec: 3.2\nINFO:tensorflow:Saving dict for global step 400: "
+     "summary histogram for dense/kernel_0 written, tensor had 0 NaN checks enabled\n", "unknown"),
+])
+def test_standard_framework_messages_written_from_their_sources(text, expected):
+    got = DIAGNOSER.diagnose_texts({"x.log": text}).category
+    if expected.startswith("not "):
+        assert got != expected[4:], got
+    else:
+        assert got == expected
+
+
 def test_caffes_cuda_check_is_an_oom_only_for_error_2():
     """Negative control: the same glog line for another CUDA error is not an out-of-memory."""
     text = ("F0110 18:01:08.005344 19573 math_functions.cu:79] Check failed: error == cudaSuccess "
