@@ -232,6 +232,10 @@ def test_patterns_written_from_batches_66_and_67(text, expected):
     ("tensorflow.python.framework.errors_impl.InvalidArgumentError: LossTensor is inf or nan : "
      "Tensor had NaN values\n", "numerical"),
     ("InvalidArgumentError: Nan in summary histogram for: dense/kernel_0\n", "numerical"),
+    ("mpirun noticed that process rank 1 with PID 0 on node node01 exited on signal 9 "
+     "(Killed).\n", "host_oom"),
+    ("mpirun noticed that process rank 1 with PID 0 on node node01 exited on signal 11 "
+     "(Segmentation fault).\n", "not host_oom"),
     ("INFO:tensorflow:global_step/sec: 3.2\nINFO:tensorflow:Saving dict for global step 400: "
      "summary histogram for dense/kernel_0 written, tensor had 0 NaN checks enabled\n", "unknown"),
 ])
