@@ -208,8 +208,14 @@ def test_patterns_written_from_batches_49_to_63(text, expected):
     ("lua: .../torch/File.lua:210: write error: wrote 24686288 blocks instead of 32768000 at "
      ".../TH/THDiskFile.c:353\n", "storage"),
     ("Epoch: [20][ 3 / 3] Err_G: 1.69 wrote 3 blocks of images to disk\n", "unknown"),
+    # TensorFlow's collective gather with members of different shapes (batch 69).
+    ("W tensorflow/core/framework/op_kernel.cc:1622] OP_REQUIRES failed at collective_ops.cc:125 "
+     ": Internal: [_Derived_]Inconsistent output shapes, got [16], but expected is [64].\n",
+     "collective_mismatch"),
+    ("WARNING: inconsistent output shapes across eval shards, padding to [64]\nstep 10 loss 2.1\n",
+     "unknown"),
 ])
-def test_patterns_written_from_batches_66_and_67(text, expected):
+def test_patterns_written_from_batches_66_to_69(text, expected):
     got = DIAGNOSER.diagnose_texts({"x.log": text}).category
     if expected.startswith("not "):
         assert got != expected[4:], got
