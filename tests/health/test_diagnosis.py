@@ -231,8 +231,15 @@ def test_patterns_written_from_batches_49_to_63(text, expected):
     ("ValueError: probabilities do not sum to 1\n", "not numerical"),
     ("NetworkException: Curl returned non-zero exit code 18\n", "network"),
     ("Got new job: selfplay\nCurl returned exit code 0, network downloaded\n", "unknown"),
+    # Lua Torch's CPU allocator and dmlc-core's short write (batch 76).
+    ("torch/install/share/lua/5.1/nn/THNN.lua:109: $ Torch: not enough memory: you tried to "
+     "reallocate 11GB. Buy new RAM! at torch7/lib/TH/THGeneral.c:251\n", "host_oom"),
+    ("[16:24:41] src/io/local_filesys.cc:39: Check failed: std::fwrite(ptr, 1, size, fp_) == "
+     "size FileStream.Write incomplete\n", "storage"),
+    ("INFO FileStream.Write complete: 1204 bytes\nEpoch[3] Batch [200] Speed: 812 samples/sec\n",
+     "unknown"),
 ])
-def test_patterns_written_from_batches_66_to_75(text, expected):
+def test_patterns_written_from_batches_66_to_76(text, expected):
     got = DIAGNOSER.diagnose_texts({"x.log": text}).category
     if expected.startswith("not "):
         assert got != expected[4:], got

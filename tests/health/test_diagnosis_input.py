@@ -465,7 +465,7 @@ def test_corpus_accuracy_and_its_negative_control():
     # batch 63's optuna-1186; batch 66's horovod-1152 and tensorflow-42834 and batch 67's
     # deepsleepnet-25 and context-encoder-11, batch 69's tensorflow-34066, batch 70's opacus-319
     # and batch 71's jointre-7, and batch 75's muzero-general-102, muzero-general-40 and
-    # leela-zero-1122 likewise.)
+    # leela-zero-1122, and batch 76's torch7-643 and mxnet-6050 likewise.)
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
     assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "nccl-1417",
                       "pytorch-lightning-18857", "gpt-neox-988",
