@@ -126,7 +126,16 @@ def test_no_exception_of_its_own_stays_unknown(text):
     assert DIAGNOSER.diagnose_texts({"x.log": text}).category == "unknown"
 
 
-@pytest.mark.parametrize("text, expected", [
+def _assert_reads(text: str, expected: str) -> None:
+    """The diagnosis of ``text`` is ``expected``; "not <category>" for a negative control."""
+    got = DIAGNOSER.diagnose_texts({"x.log": text}).category
+    if expected.startswith("not "):
+        assert got != expected[4:], got
+    else:
+        assert got == expected
+
+
+FROM_BATCHES_49_TO_63 = [
     # bash's job line for a SIGKILLed child, posted without its "<script>: line N: " prefix.
     ("71885 Killed                  python -m kauldron.main --cfg=cfg.py\n", "host_oom"),
     # JAX's tracing errors: a concrete value asked of a traced one.
@@ -157,6 +166,9 @@ def test_no_exception_of_its_own_stays_unknown(text):
     # Caffe's CUDA_CHECK, glog's CHECK_EQ on cudaErrorMemoryAllocation (2).
     ("F0110 18:01:08.005344 19573 syncedmem.cpp:51] Check failed: error == cudaSuccess (2 vs. 0)"
      "  out of memory\n*** Check failure stack trace: ***\n", "device_oom"),
+    # The same glog line for another CUDA error is not an out-of-memory.
+    ("F0110 18:01:08.005344 19573 math_functions.cu:79] Check failed: error == cudaSuccess "
+     "(1 vs. 0)  invalid argument\n", "not device_oom"),
     # Optuna's failed-trial message carries the objective's exception as a repr; an OOM in it is
     # still an OOM.
     ("[W 2020-04-29 14:35:40,296] Setting status of trial#0 as TrialState.FAIL because of the "
@@ -179,12 +191,10 @@ def test_no_exception_of_its_own_stays_unknown(text):
     ("step 10 loss 2.1\nINFO pickled local object cache to /tmp/cache.pkl\n", "unknown"),
     ("step 10 loss 2.1\nINFO tracing the function train_step for jit\nstep 11 loss 2.0\n",
      "unknown"),
-])
-def test_patterns_written_from_batches_49_to_63(text, expected):
-    assert DIAGNOSER.diagnose_texts({"x.log": text}).category == expected
+]
 
 
-@pytest.mark.parametrize("text, expected", [
+FROM_BATCHES_66_TO_76 = [
     # TensorFlow's allocator (batches 66 and 67), with the device named; the BFC allocator's
     # warning that the caller survives is no failure, and a CPU tensor is not device memory.
     ("[1,1]<stderr>:tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when "
@@ -238,12 +248,10 @@ def test_patterns_written_from_batches_49_to_63(text, expected):
      "size FileStream.Write incomplete\n", "storage"),
     ("INFO FileStream.Write complete: 1204 bytes\nEpoch[3] Batch [200] Speed: 812 samples/sec\n",
      "unknown"),
-])
-def test_patterns_written_from_batches_66_to_76(text, expected):
-    _assert_reads(text, expected)
+]
 
 
-@pytest.mark.parametrize("text, expected", [
+FROM_FRAMEWORK_SOURCES = [
     # Written from the frameworks' sources, not from any case (docs/health.md, batches 64-67).
     ("mxnet.base.MXNetError: [23:54:01] src/storage/./pooled_storage_manager.h:161: cudaMalloc "
      "retry failed: out of memory\n", "device_oom"),
@@ -264,25 +272,14 @@ def test_patterns_written_from_batches_66_to_76(text, expected):
      "(Segmentation fault).\n", "not host_oom"),
     ("INFO:tensorflow:global_step/sec: 3.2\nINFO:tensorflow:Saving dict for global step 400: "
      "summary histogram for dense/kernel_0 written, tensor had 0 NaN checks enabled\n", "unknown"),
-])
-def test_standard_framework_messages_written_from_their_sources(text, expected):
+]
+
+
+# Each pattern written this way meets its message and look-alikes that must not match it.
+@pytest.mark.parametrize("text, expected",
+                         FROM_BATCHES_49_TO_63 + FROM_BATCHES_66_TO_76 + FROM_FRAMEWORK_SOURCES)
+def test_patterns_read_their_messages_and_not_their_look_alikes(text, expected):
     _assert_reads(text, expected)
-
-
-def _assert_reads(text: str, expected: str) -> None:
-    """The diagnosis of ``text`` is ``expected``; "not <category>" for a negative control."""
-    got = DIAGNOSER.diagnose_texts({"x.log": text}).category
-    if expected.startswith("not "):
-        assert got != expected[4:], got
-    else:
-        assert got == expected
-
-
-def test_caffes_cuda_check_is_an_oom_only_for_error_2():
-    """Negative control: the same glog line for another CUDA error is not an out-of-memory."""
-    text = ("F0110 18:01:08.005344 19573 math_functions.cu:79] Check failed: error == cudaSuccess "
-            "(1 vs. 0)  invalid argument\n")
-    assert DIAGNOSER.diagnose_texts({"x.log": text}).category != "device_oom"
 
 
 def test_a_matched_pattern_outranks_the_exception_fallback():

@@ -452,20 +452,20 @@ def test_corpus_accuracy_and_its_negative_control():
     # 53's mmagic-419, joligen-104 and pytorch-lightning-20685 (Lightning's wording), batch 58's
     # strip-r-cnn-17 and mmdetection-8626, batch 59's pose-with-style-22 and batch 67's
     # ultralyticspro-104. Batch 66's paddle-11568 is a parameter-server worker's "grpc
-    # error:Connect Failed" whose category the log does not settle. Batch 56's
-    # streaming-145, batch 59's deepfacelab-939, batch 64's elegy-234 and batch 65's
-    # chexclusion-4 and batch 71's torchseg-59 are hangs whose logs just stop; batch 69's
-    # pytorch-biggraph-159 one whose log repeats a waiting line ("still in queue: 24") every
-    # second. Batch 74's autokeras-191 is a bare "out of memory" line, AutoKeras's own print
-    # after a CUDA out-of-memory it caught. (Batch 46's
-    # fb-bev-42, "Default process group has not been initialized" in a single-process run, got its
-    # pattern the day it was scored, as did batch 49's gemma-431, scenic-709 and dreamerv3-5,
-    # batch 50's spleeter-480, batch 52's transformers-22328, batch 54's slowfast-438, batch 56's
-    # dali-486 and horovod-3082, batch 57's become-yukarin-65, batch 59's dgd_person_reid-17 and
-    # batch 63's optuna-1186; batch 66's horovod-1152 and tensorflow-42834 and batch 67's
-    # deepsleepnet-25 and context-encoder-11, batch 69's tensorflow-34066, batch 70's opacus-319
-    # and batch 71's jointre-7, and batch 75's muzero-general-102, muzero-general-40 and
-    # leela-zero-1122, and batch 76's torch7-643 and mxnet-6050 likewise.)
+    # error:Connect Failed" whose category the log does not settle. Batch 56's streaming-145,
+    # batch 59's deepfacelab-939, batch 64's elegy-234, batch 65's chexclusion-4 and batch 71's
+    # torchseg-59 are hangs whose logs just stop; batch 69's pytorch-biggraph-159 is one whose
+    # log repeats a waiting line ("still in queue: 24") every second. Batch 74's autokeras-191
+    # is a bare "out of memory" line, AutoKeras's own print after a CUDA out-of-memory it
+    # caught. (Batch 46's fb-bev-42, "Default process group has not been initialized" in a
+    # single-process run, got its pattern the day it was scored, as did batch 49's gemma-431,
+    # scenic-709 and dreamerv3-5, batch 50's spleeter-480, batch 52's transformers-22328, batch
+    # 54's slowfast-438, batch 56's dali-486 and horovod-3082, batch 57's become-yukarin-65,
+    # batch 59's dgd_person_reid-17, batch 63's optuna-1186, batch 66's horovod-1152 and
+    # tensorflow-42834, batch 67's deepsleepnet-25 and context-encoder-11, batch 69's
+    # tensorflow-34066, batch 70's opacus-319, batch 71's jointre-7, batch 75's
+    # muzero-general-102, muzero-general-40 and leela-zero-1122, and batch 76's torch7-643 and
+    # mxnet-6050.)
     misses = {o.case.id for o in report.outcomes if o.case.split == "authoring" and not o.correct}
     assert misses <= {"pytorch-15638", "vllm-8087", "mmf-29", "nccl-1417",
                       "pytorch-lightning-18857", "gpt-neox-988",
