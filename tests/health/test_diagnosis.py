@@ -288,6 +288,10 @@ FROM_BATCHES_78_ON = [
     ("libc++abi: terminating due to uncaught exception of type std::runtime_error: [METAL] Command "
      "buffer execution failed: Caused GPU Timeout Error "
      "(00000002:kIOGPUCommandBufferCallbackErrorTimeout)\n", "not device_oom"),
+    ("\u26a0 Aborting and saving the final best model. Encountered exception:\n"
+     "OutOfMemoryError('Out of memory allocating 3,327,510,528 bytes (allocated so\n"
+     "far: 13,736,083,968 bytes).',)\n", "device_oom"),
+    ("malloc: Out of memory allocating 4096 bytes of scratch\n", "not device_oom"),
 ]
 
 # Each pattern written this way meets its message and look-alikes that must not match it.
