@@ -292,6 +292,21 @@ FROM_BATCHES_78_ON = [
      "OutOfMemoryError('Out of memory allocating 3,327,510,528 bytes (allocated so\n"
      "far: 13,736,083,968 bytes).',)\n", "device_oom"),
     ("malloc: Out of memory allocating 4096 bytes of scratch\n", "not device_oom"),
+    ("2018-05-08 11:13:52.489906: W tensorflow/core/common_runtime/bfc_allocator.cc:273] "
+     "Allocator (GPU_0_bfc) ran out of memory trying to allocate 27.56MiB.  Current allocation "
+     "summary follows.\n", "device_oom"),
+    ("2020-02-07 18:28:12.016577: W tensorflow/core/common_runtime/bfc_allocator.cc:419] "
+     "Allocator (GPU_0_bfc) ran out of memory trying to allocate 26.59MiB (rounded to "
+     "27878400).  Current allocation summary follows.\n", "device_oom"),
+    ("2019-03-01 10:00:00.000000: W tensorflow/core/common_runtime/bfc_allocator.cc:211] "
+     "Allocator (GPU_0_bfc) ran out of memory trying to allocate 2.26GiB with freed_by_count=0. "
+     "The caller indicates that this is not a failure, but may mean that there could be "
+     "performance gains if more memory were available.\n", "unknown"),
+    ("RuntimeError: Resource exhausted: Out of memory while trying to allocate 15273920000 "
+     "bytes.\n", "device_oom"),
+    ("gdbserver: ran out of memory while trying to allocate 4096 bytes\n", "not device_oom"),
+    ("RuntimeError: normal expects all elements of std >= 0.0\n", "numerical"),
+    ("RuntimeError: normal expects std >= 0.0, but found std -1\n", "not numerical"),
 ]
 
 # Each pattern written this way meets its message and look-alikes that must not match it.
