@@ -307,6 +307,13 @@ FROM_BATCHES_78_ON = [
     ("gdbserver: ran out of memory while trying to allocate 4096 bytes\n", "not device_oom"),
     ("RuntimeError: normal expects all elements of std >= 0.0\n", "numerical"),
     ("RuntimeError: normal expects std >= 0.0, but found std -1\n", "not numerical"),
+    ("GpuContext::Startup: Process 0 out of 1 initialized.\ncudaGetDeviceCount failed CUDA driver "
+     "version is insufficient for CUDA runtime version\n", "user_code"),
+    ("| NVIDIA-SMI 535.104.05   Driver Version: 535.104.05   CUDA Version: 12.2     |\n",
+     "unknown"),
+    ("spm_train_main.cc(171) [!absl::GetFlag(FLAGS_model_prefix).empty()] \nProgram terminated "
+     "with an unrecoverable error.\n", "user_code"),
+    ("trainer_interface.cc(409) LOG(INFO) Loaded all 1000000 sentences\n", "unknown"),
 ]
 
 # Each pattern written this way meets its message and look-alikes that must not match it.
