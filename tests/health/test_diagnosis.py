@@ -314,6 +314,11 @@ FROM_BATCHES_78_ON = [
     ("spm_train_main.cc(171) [!absl::GetFlag(FLAGS_model_prefix).empty()] \nProgram terminated "
      "with an unrecoverable error.\n", "user_code"),
     ("trainer_interface.cc(409) LOG(INFO) Loaded all 1000000 sentences\n", "unknown"),
+    ("Error: YamlValidationException: Failed to validate YAML. Please make sure the file is "
+     "correct and all mandatory parameters are specified.\n  in Line 3:\n      Value "
+     "'b'spacy_sklearn'' is not a list. Value path: '/pipeline'\n", "user_code"),
+    ("INFO  rasa.validator - Validating intents...\nINFO  rasa.validator - Validating "
+     "utterances...\n", "unknown"),
 ]
 
 # Each pattern written this way meets its message and look-alikes that must not match it.

@@ -459,7 +459,9 @@ def test_corpus_accuracy_and_its_negative_control():
     # caught. Batch 81's pytorch-684 is rocm-smi failing to read a GPU's sensors after the amdgpu
     # driver crashed (the thread shows the crash; GPUs without those sensors print the same).
     # Batch 90's gensim-285 and fasttext-618 are runs whose logs just stop, and its glove-199 a
-    # divergence seen only in GloVe's "cost:" field (no loss field; "cost" also names timings). (Batch 46's fb-bev-42, "Default process group has not been initialized" in a
+    # divergence seen only in GloVe's "cost:" field (no loss field; "cost" also names timings).
+    # Batch 95's rasa-5587 is Rasa's "No NLU data given", labelled dataloader (the file's format
+    # was not read), which a wrong --nlu path prints as well. (Batch 46's fb-bev-42, "Default process group has not been initialized" in a
     # single-process run, got its pattern the day it was scored, as did batch 49's gemma-431,
     # scenic-709 and dreamerv3-5, batch 50's spleeter-480, batch 52's transformers-22328, batch
     # 54's slowfast-438, batch 56's dali-486 and horovod-3082, batch 57's become-yukarin-65,
@@ -475,7 +477,7 @@ def test_corpus_accuracy_and_its_negative_control():
                       "flower-955", "streaming-145", "deepfacelab-939", "elegy-234",
                       "chexclusion-4", "paddle-11568", "pytorch-biggraph-159", "torchseg-59",
                       "autokeras-191", "pytorch-684", "glove-199", "gensim-285",
-                      "fasttext-618"}, misses
+                      "fasttext-618", "rasa-5587"}, misses
     held, n = report.accuracy("held_out")
     # A regression floor at the measured level (docs/health.md), not the 90 % target.
     assert held / n >= HELD_OUT_GATE, report.to_dict()["misses"]
