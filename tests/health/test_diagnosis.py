@@ -319,6 +319,8 @@ FROM_BATCHES_78_ON = [
      "'b'spacy_sklearn'' is not a list. Value path: '/pipeline'\n", "user_code"),
     ("INFO  rasa.validator - Validating intents...\nINFO  rasa.validator - Validating "
      "utterances...\n", "unknown"),
+    ("Building model...\n...Done.\nTraining model...\n[1]    2843557 killed\n", "host_oom"),
+    ("[1] 2843557\n[1]  + 2843557 done       python train.py\n", "unknown"),
 ]
 
 # Each pattern written this way meets its message and look-alikes that must not match it.
