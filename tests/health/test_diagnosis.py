@@ -298,10 +298,6 @@ FROM_BATCHES_78_ON = [
     ("2020-02-07 18:28:12.016577: W tensorflow/core/common_runtime/bfc_allocator.cc:419] "
      "Allocator (GPU_0_bfc) ran out of memory trying to allocate 26.59MiB (rounded to "
      "27878400).  Current allocation summary follows.\n", "device_oom"),
-    ("2019-03-01 10:00:00.000000: W tensorflow/core/common_runtime/bfc_allocator.cc:211] "
-     "Allocator (GPU_0_bfc) ran out of memory trying to allocate 2.26GiB with freed_by_count=0. "
-     "The caller indicates that this is not a failure, but may mean that there could be "
-     "performance gains if more memory were available.\n", "unknown"),
     ("RuntimeError: Resource exhausted: Out of memory while trying to allocate 15273920000 "
      "bytes.\n", "device_oom"),
     ("gdbserver: ran out of memory while trying to allocate 4096 bytes\n", "not device_oom"),
